@@ -1,0 +1,62 @@
+// Package testredis gives tests a real Redis client and an isolated key space.
+//
+// Tests never flush the server: each one writes under its own random prefix,
+// and the keys under it are deleted at cleanup.
+package testredis
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultAddr is used when TEST_REDIS_ADDR is unset.
+const DefaultAddr = "127.0.0.1:6379"
+
+// Addr returns $TEST_REDIS_ADDR or DefaultAddr.
+func Addr() string {
+	if a := os.Getenv("TEST_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return DefaultAddr
+}
+
+// Client returns a client of the real Redis at Addr, closed at cleanup. When
+// Redis does not answer, the test fails if CI=true and is skipped otherwise,
+// with a hint on how to start it.
+func Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Addr()})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		msg := "Redis at %s unreachable (%v); start one with: redis-server --daemonize yes --port 6379 --save ''"
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf(msg, Addr(), err)
+		}
+		tb.Skipf(msg, Addr(), err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Prefix returns a fresh key prefix ending in ':' that contains no '{' or '}'.
+// Every key under it is deleted at cleanup.
+func Prefix(tb testing.TB, c redis.UniversalClient) string {
+	tb.Helper()
+	p := "idemtest:" + rand.Text()[:12] + ":"
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		iter := c.Scan(ctx, 0, p+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+	})
+	return p
+}

@@ -1,0 +1,261 @@
+// Package lock is idem's Redis lease: a short-lived, owner-checked marker that
+// says "a request with this idempotency key is running right now".
+//
+// A lease is taken with one command, SET <key> <token> NX EX <ttl>. The value is
+// a random owner token, so that releasing and refreshing are compare-and-act
+// Lua scripts (embedded from the .lua files of this package): nobody can
+// delete or extend a lease they do not hold, even after theirs has expired and
+// another caller has taken the key.
+//
+// The Redis key is derived from (scope, key) through SHA-256, so that any two
+// different intents get different Redis keys whatever bytes their scope and key
+// hold (no user input can forge another scope's key), and each intent lives in
+// one Redis Cluster hash slot (the digest is the hash tag).
+//
+// The package takes a [redis.UniversalClient], so a single node, Redis Cluster,
+// Sentinel and miniredis all work unchanged.
+//
+// A lease is not a guarantee of mutual exclusion on its own: it expires after
+// its TTL whether or not the holder is done. idem never relies on it alone; the
+// answer is stored in PostgreSQL and read under the lease.
+package lock
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors returned by this package. Compare with errors.Is: the returned errors
+// wrap these sentinels together with their cause.
+var (
+	// ErrNotObtained means another caller holds the lease for that intent.
+	ErrNotObtained = errors.New("lock: not obtained")
+	// ErrNotHeld means the lease has expired or was taken over: the caller no
+	// longer owns the key.
+	ErrNotHeld = errors.New("lock: not held")
+	// ErrUnavailable means Redis could not answer (connection refused or
+	// reset, timeout, error reply). The cause is joined to it.
+	ErrUnavailable = errors.New("lock: redis unavailable")
+)
+
+var (
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed refresh.lua
+	refreshSrc string
+	//go:embed ttl.lua
+	ttlSrc string
+)
+
+// Config tunes a Locker. A nil *Config is valid and gives every default.
+type Config struct {
+	// Prefix starts every Redis key the Locker writes. It must not contain
+	// '{' or '}', which would change the Cluster hash tag. Defaults to "idem:".
+	Prefix string
+	// TTL is how long a lease lives unless refreshed. Redis expires it after
+	// that, so a crashed holder frees the key by itself. Must be a whole
+	// number of seconds of at least 1s, so that acquisition is exactly
+	// SET NX EX. Defaults to 30s.
+	TTL time.Duration
+	// Timeout bounds each Redis call when the caller's context has no earlier
+	// deadline, so that a stalled Redis is reported as ErrUnavailable quickly
+	// rather than holding a request. Defaults to 500ms.
+	Timeout time.Duration
+}
+
+const (
+	defaultPrefix  = "idem:"
+	defaultTTL     = 30 * time.Second
+	defaultTimeout = 500 * time.Millisecond
+)
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Prefix == "" {
+		out.Prefix = defaultPrefix
+	}
+	if out.TTL == 0 {
+		out.TTL = defaultTTL
+	}
+	if out.Timeout == 0 {
+		out.Timeout = defaultTimeout
+	}
+	return out
+}
+
+func (c Config) validate() error {
+	switch {
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return fmt.Errorf("lock: Config.Prefix %q must not contain '{' or '}'", c.Prefix)
+	case c.TTL < time.Second || c.TTL%time.Second != 0:
+		return fmt.Errorf("lock: Config.TTL %v must be a whole number of seconds, at least 1s", c.TTL)
+	case c.Timeout < 0:
+		return fmt.Errorf("lock: Config.Timeout %v must not be negative", c.Timeout)
+	}
+	return nil
+}
+
+// Locker obtains leases. It is safe for concurrent use and holds no state of
+// its own besides its configuration.
+type Locker struct {
+	client  redis.UniversalClient
+	cfg     Config
+	release *redis.Script
+	refresh *redis.Script
+	ttl     *redis.Script
+}
+
+// New returns a Locker over client. A nil cfg gives every default. It does not
+// contact Redis.
+func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
+	if client == nil {
+		return nil, errors.New("lock: nil redis client")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Locker{
+		client:  client,
+		cfg:     c,
+		release: redis.NewScript(releaseSrc),
+		refresh: redis.NewScript(refreshSrc),
+		ttl:     redis.NewScript(ttlSrc),
+	}, nil
+}
+
+// TTL returns the lease lifetime the Locker sets.
+func (l *Locker) TTL() time.Duration { return l.cfg.TTL }
+
+// Key returns the Redis key of the intent (scope, key): the prefix followed by
+// a hash tag holding the base64url SHA-256 of the length-prefixed scope and
+// key. Different (scope, key) pairs always give different Redis keys.
+func (l *Locker) Key(scope, key string) string {
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	binary.BigEndian.PutUint64(n[:], uint64(len(key)))
+	h.Write(n[:])
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	return l.cfg.Prefix + "{" + base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])) + "}"
+}
+
+// Obtain takes the lease of (scope, key) with one SET NX EX command. It never
+// waits for a held lease: the caller decides what a busy key means.
+//
+// Errors: ErrNotObtained when another caller holds it; ErrUnavailable (joined
+// with the cause) when Redis did not answer within the Timeout; the context's
+// own error when ctx ended first.
+func (l *Locker) Obtain(ctx context.Context, scope, key string) (*Lease, error) {
+	lease := &Lease{locker: l, key: l.Key(scope, key), token: rand.Text()}
+	cctx, cancel := l.callCtx(ctx)
+	defer cancel()
+	ok, err := l.client.SetNX(cctx, lease.key, lease.token, l.cfg.TTL).Result()
+	if err != nil {
+		return nil, l.wrap(ctx, "obtain", err)
+	}
+	if !ok {
+		return nil, ErrNotObtained
+	}
+	return lease, nil
+}
+
+// callCtx bounds one Redis call by the Locker's Timeout.
+func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if l.cfg.Timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, l.cfg.Timeout)
+}
+
+// wrap classifies a Redis error. When the caller's own context ended, the
+// result wraps ctx.Err() and not ErrUnavailable: Redis was not at fault.
+func (l *Locker) wrap(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("lock: %s: %w", op, errors.Join(cerr, err))
+	}
+	return fmt.Errorf("lock: %s: %w", op, errors.Join(ErrUnavailable, err))
+}
+
+// Lease is a held lock. Its methods are safe for concurrent use. A Lease says
+// nothing about whether Redis still holds it: ask with TTL.
+type Lease struct {
+	locker *Locker
+	key    string
+	token  string
+}
+
+// Key returns the Redis key of the lease.
+func (l *Lease) Key() string { return l.key }
+
+// Token returns the random owner token stored as the key's value.
+func (l *Lease) Token() string { return l.token }
+
+// Release deletes the key if it still holds this lease's token. It returns
+// ErrNotHeld when the lease has expired or belongs to someone else now; then
+// nothing is deleted.
+func (l *Lease) Release(ctx context.Context) error {
+	n, err := l.run(ctx, "release", l.locker.release, l.token)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// Refresh sets the lease's remaining life to ttl (millisecond precision) if it
+// is still held, else returns ErrNotHeld.
+func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("lock: refresh: ttl %v below 1ms", ttl)
+	}
+	n, err := l.run(ctx, "refresh", l.locker.refresh, l.token, ttl.Milliseconds())
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// TTL returns the lease's remaining life, or ErrNotHeld if it has expired or
+// belongs to someone else.
+func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
+	ms, err := l.run(ctx, "ttl", l.locker.ttl, l.token)
+	if err != nil {
+		return 0, err
+	}
+	if ms < 0 {
+		return 0, ErrNotHeld
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+func (l *Lease) run(ctx context.Context, op string, s *redis.Script, args ...any) (int64, error) {
+	cctx, cancel := l.locker.callCtx(ctx)
+	defer cancel()
+	n, err := s.Run(cctx, l.locker.client, []string{l.key}, args...).Int64()
+	if err != nil {
+		return 0, l.locker.wrap(ctx, op, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,245 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/internal/testredis"
+	"github.com/idemguard/idem/lock"
+)
+
+// backend is a Redis the tests run against: the real server and miniredis
+// must behave the same for everything the Locker does.
+type backend struct {
+	name  string
+	setup func(t *testing.T) (redis.UniversalClient, *lock.Config)
+}
+
+var backends = []backend{
+	{"redis", func(t *testing.T) (redis.UniversalClient, *lock.Config) {
+		c := testredis.Client(t)
+		return c, &lock.Config{Prefix: testredis.Prefix(t, c)}
+	}},
+	{"miniredis", func(t *testing.T) (redis.UniversalClient, *lock.Config) {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c, nil
+	}},
+}
+
+func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient, cfg *lock.Config)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			c, cfg := b.setup(t)
+			fn(t, c, cfg)
+		})
+	}
+}
+
+func TestObtainReleaseRefresh(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient, cfg *lock.Config) {
+		ctx := context.Background()
+		l, err := lock.New(c, cfg)
+		require.NoError(t, err)
+
+		lease, err := l.Obtain(ctx, "user-1", "k1")
+		require.NoError(t, err)
+		require.Equal(t, l.Key("user-1", "k1"), lease.Key())
+
+		// The value is the random owner token and the TTL is the configured one.
+		val, err := c.Get(ctx, lease.Key()).Result()
+		require.NoError(t, err)
+		require.Equal(t, lease.Token(), val)
+		require.GreaterOrEqual(t, len(val), 16)
+		ttl, err := lease.TTL(ctx)
+		require.NoError(t, err)
+		require.InDelta(t, (30 * time.Second).Seconds(), ttl.Seconds(), 1)
+
+		_, err = l.Obtain(ctx, "user-1", "k1")
+		require.ErrorIs(t, err, lock.ErrNotObtained)
+
+		// Same key, another scope: a different intent.
+		other, err := l.Obtain(ctx, "user-2", "k1")
+		require.NoError(t, err)
+		require.NotEqual(t, lease.Token(), other.Token())
+
+		require.NoError(t, lease.Refresh(ctx, 5*time.Second))
+		ttl, err = lease.TTL(ctx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, ttl, 5*time.Second)
+
+		require.NoError(t, lease.Release(ctx))
+		require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
+		require.ErrorIs(t, lease.Refresh(ctx, time.Second), lock.ErrNotHeld)
+		_, err = lease.TTL(ctx)
+		require.ErrorIs(t, err, lock.ErrNotHeld)
+
+		again, err := l.Obtain(ctx, "user-1", "k1")
+		require.NoError(t, err)
+		require.NoError(t, again.Release(ctx))
+		require.NoError(t, other.Release(ctx))
+	})
+}
+
+// Exactly one of 64 racing callers obtains the lease.
+func TestObtainRace(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient, cfg *lock.Config) {
+		l, err := lock.New(c, cfg)
+		require.NoError(t, err)
+		const n = 64
+		var won, lost atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range n {
+			wg.Go(func() {
+				<-start
+				_, err := l.Obtain(context.Background(), "racer", "one-key")
+				switch {
+				case err == nil:
+					won.Add(1)
+				case errors.Is(err, lock.ErrNotObtained):
+					lost.Add(1)
+				default:
+					t.Errorf("unexpected error: %v", err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, won.Load())
+		require.EqualValues(t, n-1, lost.Load())
+	})
+}
+
+// A lease that expired cannot release or refresh the key a new holder took.
+func TestExpiredLeaseCannotTouchNewHolder(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	l, err := lock.New(c, &lock.Config{TTL: 10 * time.Second})
+	require.NoError(t, err)
+
+	first, err := l.Obtain(ctx, "u", "k")
+	require.NoError(t, err)
+	mr.FastForward(11 * time.Second)
+	_, err = first.TTL(ctx)
+	require.ErrorIs(t, err, lock.ErrNotHeld)
+
+	second, err := l.Obtain(ctx, "u", "k")
+	require.NoError(t, err)
+	require.ErrorIs(t, first.Release(ctx), lock.ErrNotHeld)
+	require.ErrorIs(t, first.Refresh(ctx, time.Minute), lock.ErrNotHeld)
+	require.Equal(t, second.Token(), mustGet(t, mr, second.Key()))
+	require.NoError(t, second.Release(ctx))
+}
+
+func mustGet(t *testing.T, mr *miniredis.Miniredis, key string) string {
+	t.Helper()
+	v, err := mr.Get(key)
+	require.NoError(t, err)
+	return v
+}
+
+func TestUnavailable(t *testing.T) {
+	ctx := context.Background()
+	t.Run("error reply", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		defer c.Close()
+		l, err := lock.New(c, nil)
+		require.NoError(t, err)
+		lease, err := l.Obtain(ctx, "u", "k")
+		require.NoError(t, err)
+
+		mr.SetError("LOADING Redis is loading the dataset in memory")
+		_, err = l.Obtain(ctx, "u", "k2")
+		require.ErrorIs(t, err, lock.ErrUnavailable)
+		require.NotErrorIs(t, err, lock.ErrNotObtained)
+		require.ErrorIs(t, lease.Release(ctx), lock.ErrUnavailable)
+
+		mr.SetError("")
+		require.NoError(t, lease.Release(ctx))
+	})
+	t.Run("server gone", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+		defer c.Close()
+		l, err := lock.New(c, &lock.Config{Timeout: 200 * time.Millisecond})
+		require.NoError(t, err)
+		mr.Close()
+		_, err = l.Obtain(ctx, "u", "k")
+		require.ErrorIs(t, err, lock.ErrUnavailable)
+	})
+	t.Run("caller cancelled", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		defer c.Close()
+		l, err := lock.New(c, nil)
+		require.NoError(t, err)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err = l.Obtain(cctx, "u", "k")
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, lock.ErrUnavailable, "the caller gave up; Redis was not at fault")
+	})
+}
+
+// Keys that a naive concatenation would merge stay distinct, and every key
+// has exactly one hash tag, so one intent maps to one Cluster slot.
+func TestKeyDerivation(t *testing.T) {
+	l, err := lock.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"}), nil)
+	require.NoError(t, err)
+	pairs := [][2]string{
+		{"a", "bc"}, {"ab", "c"}, {"a:b", "c"}, {"a", "b:c"}, {"", "abc"}, {"abc", ""},
+		{"u{1}", "k"}, {"u", "{1}k"}, {"user-1", "key}"}, {"user-1}", "key"},
+		{"a\x00", "b"}, {"a", "\x00b"},
+	}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		k := l.Key(p[0], p[1])
+		prev, dup := seen[k]
+		require.Falsef(t, dup, "%q and %q share Redis key %q", p, prev, k)
+		seen[k] = p
+		require.True(t, strings.HasPrefix(k, "idem:{"), k)
+		require.Equal(t, 1, strings.Count(k, "{"), k)
+		require.Equal(t, 1, strings.Count(k, "}"), k)
+		require.True(t, strings.HasSuffix(k, "}"), k)
+		require.Equal(t, k, l.Key(p[0], p[1]), "derivation must be stable")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	defer c.Close()
+	for _, tc := range []struct {
+		name  string
+		cfg   lock.Config
+		field string
+	}{
+		{"brace in prefix", lock.Config{Prefix: "idem:{x}"}, "Config.Prefix"},
+		{"sub-second ttl", lock.Config{TTL: 500 * time.Millisecond}, "Config.TTL"},
+		{"fractional ttl", lock.Config{TTL: 1500 * time.Millisecond}, "Config.TTL"},
+		{"negative timeout", lock.Config{Timeout: -time.Second}, "Config.Timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := lock.New(c, &tc.cfg)
+			require.ErrorContains(t, err, tc.field)
+		})
+	}
+	_, err := lock.New(nil, nil)
+	require.Error(t, err)
+	l, err := lock.New(c, nil)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, l.TTL())
+}

@@ -1,0 +1,6 @@
+-- KEYS[1]: the lock key. ARGV[1]: the owner token.
+-- Returns the remaining TTL in ms when the caller holds the key, else -3.
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+	return redis.call("PTTL", KEYS[1])
+end
+return -3
