@@ -1,0 +1,116 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultTable is the table name created by the migrations.
+	DefaultTable = "idempotency_keys"
+	// DefaultRetention is how long a key lives when Config.Retention is 0.
+	DefaultRetention = 24 * time.Hour
+	// DefaultSweepBatchSize is the number of rows [Store.Sweep] deletes per
+	// statement when Config.SweepBatchSize is 0.
+	DefaultSweepBatchSize = 1000
+)
+
+// maxTableLen leaves room for the longest suffix the migrations append
+// (idempotency_keys_request_hash_check) within PostgreSQL's 63-byte limit.
+const (
+	maxTableLen  = 40
+	maxSchemaLen = 63
+)
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// Config configures a [Store] and [Migrate]. The zero value, like a nil
+// *Config, gives the defaults. A Config is copied by [New] and may be reused.
+type Config struct {
+	// Schema is the schema that holds the table. It must match
+	// ^[a-z_][a-z0-9_]*$. [Migrate] creates it if it does not exist.
+	//
+	// Defaults to "": the connection's current schema (the first existing
+	// schema of its search_path), with unqualified names in SQL.
+	Schema string
+
+	// Table is the name of the table. It must match ^[a-z_][a-z0-9_]*$ and
+	// be at most 40 bytes long, so that the names of its constraints and
+	// indexes, which start with it, fit PostgreSQL's limit.
+	//
+	// Defaults to "idempotency_keys".
+	Table string
+
+	// Retention is how long a key lives, measured on the database clock
+	// from the row's created_at. An expired row is invisible to every call
+	// and is taken over by the next Claim or Insert of its key, even before
+	// Sweep deletes it. It is passed to SQL in whole microseconds.
+	//
+	// Defaults to 24h.
+	Retention time.Duration
+
+	// SweepBatchSize is the number of expired rows one DELETE of
+	// [Store.Sweep] removes, which bounds how long it holds row locks.
+	//
+	// Defaults to 1000.
+	SweepBatchSize int
+}
+
+// withDefaults returns a validated copy of cfg (which may be nil) with the
+// defaults filled in.
+func (cfg *Config) withDefaults() (Config, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.SweepBatchSize == 0 {
+		c.SweepBatchSize = DefaultSweepBatchSize
+	}
+	return c, c.validate()
+}
+
+func (c *Config) validate() error {
+	if c.Schema != "" {
+		if len(c.Schema) > maxSchemaLen {
+			return fmt.Errorf("durable: Config.Schema: %q is longer than %d bytes", c.Schema, maxSchemaLen)
+		}
+		if !identRE.MatchString(c.Schema) {
+			return fmt.Errorf("durable: Config.Schema: %q does not match %s", c.Schema, identRE)
+		}
+	}
+	if len(c.Table) > maxTableLen {
+		return fmt.Errorf("durable: Config.Table: %q is longer than %d bytes", c.Table, maxTableLen)
+	}
+	if !identRE.MatchString(c.Table) {
+		return fmt.Errorf("durable: Config.Table: %q does not match %s", c.Table, identRE)
+	}
+	if c.Retention < time.Microsecond {
+		return fmt.Errorf("durable: Config.Retention: must be at least 1µs, got %v", c.Retention)
+	}
+	if c.SweepBatchSize < 1 {
+		return fmt.Errorf("durable: Config.SweepBatchSize: must be positive, got %d", c.SweepBatchSize)
+	}
+	return nil
+}
+
+// qualified returns the quoted, schema-qualified name of the table (or only
+// the quoted table name when no schema is set).
+func (c *Config) qualified() string {
+	if c.Schema == "" {
+		return pgx.Identifier{c.Table}.Sanitize()
+	}
+	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
+}
+
+var errNilDB = errors.New("durable: db is nil")

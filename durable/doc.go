@@ -1,0 +1,57 @@
+// Package durable is idem's PostgreSQL store: one row per scope (the user)
+// and Idempotency-Key, holding the fingerprint of the first request, the token
+// of the worker that owns it and, once the request has finished, its answer
+// (status, headers, body).
+//
+// # The table
+//
+// [Migrate] creates the table, by default idempotency_keys in the
+// connection's current schema (see [Config] and package migrations):
+//
+//	user_id, key       text, the primary key
+//	request_hash       bytea, the 32-byte SHA-256 Fingerprint
+//	owner_token        bytea, the 16-byte owner Token
+//	response_status    smallint, NULL while in progress
+//	response_headers   jsonb, {"Header": ["value", ...]}
+//	response_body      bytea
+//	created_at         timestamptz, the database's now() at the claim
+//	completed_at       timestamptz, the database's now() at completion
+//
+// A row is in progress (no answer yet) or finished; the status and
+// completed_at are NULL together. Every timestamp comes from the database
+// clock, never from the application's, so instances with skewed clocks agree.
+//
+// # Retention and takeover
+//
+// A key lives for Config.Retention (24h by default) from its created_at. An
+// expired row is invisible: [Store.Get] reports ErrNotFound, and the next
+// [Store.Claim] or [Store.Insert] of its key takes the row over in place (new
+// fingerprint, new owner, no answer, new created_at) as a new intent, whether
+// or not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
+//
+// # One round trip
+//
+// Each call is one SQL statement, so one round trip, and safe to run
+// concurrently from any number of instances: Claim decides the winner with
+// INSERT ... ON CONFLICT in the same statement that returns the existing
+// row to the losers; Complete, Settle, Release and ReleaseInProgress are one
+// guarded UPDATE or DELETE. The exceptions, each documented on its method,
+// are a Claim that races with another claimer (one more statement), the
+// failure paths of the guarded writes (one more statement to tell ErrNotFound,
+// ErrNotOwner and ErrCompleted apart), and Sweep, which repeats batches.
+//
+// # Transactions
+//
+// The Store runs its statements through a [DB], which *pgxpool.Pool and
+// pgx.Tx both satisfy. [Store.WithDB] binds a copy of a Store to a caller's
+// transaction, so that storing the answer commits or rolls back together with
+// the caller's own writes. No call raises a unique violation, so a lost
+// Insert leaves the transaction usable.
+//
+// # Errors
+//
+// Errors wrap the package's sentinels ([ErrNotFound], [ErrNotOwner],
+// [ErrCompleted], [ErrExists], [ErrInvalid]) and keep the driver's error (a
+// *pgconn.PgError, a context error) reachable: compare with errors.Is and
+// errors.As.
+package durable

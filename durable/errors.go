@@ -1,0 +1,97 @@
+package durable
+
+import (
+	"errors"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// opError is an error of one Store operation. It unwraps to its kind (one of
+// the package's sentinels, or nil) and to its cause, so that both errors.Is
+// against the sentinel and errors.Is/As against the driver's error (a
+// context error, a *pgconn.PgError) work.
+type opError struct {
+	op   string // "claim", "migrate", ...
+	kind error  // a sentinel such as ErrInvalid, or nil
+	err  error  // the cause
+}
+
+func (e *opError) Error() string {
+	var b strings.Builder
+	b.WriteString("durable: ")
+	b.WriteString(e.op)
+	b.WriteString(": ")
+	if e.kind != nil {
+		b.WriteString(strings.TrimPrefix(e.kind.Error(), "durable: "))
+		if e.err == nil {
+			return b.String()
+		}
+		b.WriteString(": ")
+	}
+	if e.err != nil {
+		b.WriteString(e.err.Error())
+	}
+	return b.String()
+}
+
+func (e *opError) Unwrap() []error {
+	errs := make([]error, 0, 2)
+	if e.kind != nil {
+		errs = append(errs, e.kind)
+	}
+	if e.err != nil {
+		errs = append(errs, e.err)
+	}
+	return errs
+}
+
+// translate turns an error of the driver into the package's errors. It is the
+// only place that looks at driver errors:
+//
+//   - pgx.ErrNoRows becomes ErrNotFound;
+//   - SQLSTATE class 22 (data exception: invalid byte sequence, unsupported
+//     Unicode escape, value out of range, ...) and 23514 (check violation)
+//     wrap ErrInvalid;
+//   - 23505 (unique violation) wraps ErrExists;
+//   - anything else is wrapped with the operation's name.
+//
+// The cause stays reachable with errors.Is and errors.As.
+func translate(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	var kind error
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "22"), pgErr.Code == "23514":
+			kind = ErrInvalid
+		case pgErr.Code == "23505":
+			kind = ErrExists
+		}
+	}
+	return &opError{op: op, kind: kind, err: err}
+}
+
+// invalid reports a bad argument found before any round trip.
+func invalid(op, detail string) error {
+	return &opError{op: op, kind: ErrInvalid, err: errors.New(detail)}
+}
+
+// checkText reports whether s can be stored in a text column: PostgreSQL
+// rejects NUL bytes and, in a UTF8 database, invalid UTF-8. Checking it here
+// saves a round trip and keeps a caller's transaction usable.
+func checkText(op, field, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return invalid(op, field+" contains a NUL byte")
+	}
+	if !utf8.ValidString(s) {
+		return invalid(op, field+" is not valid UTF-8")
+	}
+	return nil
+}

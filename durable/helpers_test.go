@@ -1,0 +1,72 @@
+package durable_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
+)
+
+// bundle is what a stateful test works with: a Store on a schema of its own.
+type bundle struct {
+	ctx   context.Context
+	store *durable.Store
+	pool  *pgxpool.Pool
+}
+
+func setup(t *testing.T, cfg *durable.Config) *bundle {
+	t.Helper()
+	t.Parallel()
+	store, pool := testdb.Store(t, cfg)
+	return &bundle{ctx: t.Context(), store: store, pool: pool}
+}
+
+func token(t testing.TB) durable.Token {
+	t.Helper()
+	var tok durable.Token
+	_, err := rand.Read(tok[:])
+	require.NoError(t, err)
+	return tok
+}
+
+func fingerprint(body string) durable.Fingerprint {
+	return sha256.Sum256([]byte(body))
+}
+
+func params(t testing.TB, scope, key, body string) durable.ClaimParams {
+	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: fingerprint(body), Owner: token(t)}
+}
+
+// age moves the created_at of a row into the past, on the database clock,
+// by an interval such as '25 hours'.
+func (b *bundle) age(t *testing.T, scope, key, by string) {
+	t.Helper()
+	tag, err := b.pool.Exec(b.ctx,
+		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval WHERE user_id = $1 AND key = $2`,
+		scope, key, by)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+}
+
+// count returns the number of rows in the table, expired or not.
+func (b *bundle) count(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.store.Table()).Scan(&n))
+	return n
+}
+
+// claim claims a fresh key and requires that it wins.
+func (b *bundle) claim(t *testing.T, p durable.ClaimParams) durable.Record {
+	t.Helper()
+	rec, claimed, err := b.store.Claim(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, claimed)
+	return rec
+}

@@ -1,0 +1,101 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/migrations"
+)
+
+func TestTranslate(t *testing.T) {
+	pgErr := func(code string) error {
+		return fmt.Errorf("pgx wrapping: %w", &pgconn.PgError{Severity: "ERROR", Code: code, Message: "m"})
+	}
+	tests := []struct {
+		name  string
+		err   error
+		kind  error // sentinel it must wrap, nil for none
+		cause error // an error that must stay reachable
+		text  string
+	}{
+		{name: "no rows", err: pgx.ErrNoRows, kind: ErrNotFound, text: "durable: not found"},
+		{name: "invalid byte sequence", err: pgErr("22021"), kind: ErrInvalid, text: "durable: op: invalid argument: pgx wrapping: ERROR: m (SQLSTATE 22021)"},
+		{name: "unsupported unicode escape", err: pgErr("22P05"), kind: ErrInvalid},
+		{name: "numeric out of range", err: pgErr("22003"), kind: ErrInvalid},
+		{name: "check violation", err: pgErr("23514"), kind: ErrInvalid},
+		{name: "unique violation", err: pgErr("23505"), kind: ErrExists},
+		{name: "not null violation", err: pgErr("23502")},
+		{name: "undefined table", err: pgErr("42P01"), text: "durable: op: pgx wrapping: ERROR: m (SQLSTATE 42P01)"},
+		{name: "deadline", err: fmt.Errorf("timeout: %w", context.DeadlineExceeded), cause: context.DeadlineExceeded, text: "durable: op: timeout: context deadline exceeded"},
+	}
+	sentinels := []error{ErrNotFound, ErrInvalid, ErrExists, ErrNotOwner, ErrCompleted}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := translate("op", tt.err)
+			for _, s := range sentinels {
+				require.Equal(t, s == tt.kind, errors.Is(got, s), "errors.Is(%v)", s)
+			}
+			if tt.cause != nil {
+				require.ErrorIs(t, got, tt.cause)
+			}
+			if _, ok := errors.AsType[*pgconn.PgError](tt.err); ok {
+				require.ErrorAs(t, got, new(*pgconn.PgError))
+			}
+			if tt.text != "" {
+				require.EqualError(t, got, tt.text)
+			}
+		})
+	}
+	require.NoError(t, translate("op", nil))
+}
+
+func TestLoadMigrations(t *testing.T) {
+	files, err := loadMigrations(migrations.FS)
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for i, m := range files {
+		require.EqualValues(t, i+1, m.version, "versions are 1, 2, 3, ...")
+	}
+
+	bad := map[string]fstest.MapFS{
+		"no down":      {"0001_a.up.sql": {}},
+		"bad name":     {"0001-a.up.sql": {}},
+		"same version": {"0001_a.up.sql": {}, "0001_b.up.sql": {}, "0001_a.down.sql": {}},
+	}
+	for name, fsys := range bad {
+		_, err := loadMigrations(fsys)
+		require.Error(t, err, name)
+	}
+}
+
+// TestMigrationNames checks the promise the runner relies on: every object
+// name in the files is DefaultTable or DefaultTable_<suffix>, and with the
+// longest allowed table name it still fits PostgreSQL's 63-byte limit.
+func TestMigrationNames(t *testing.T) {
+	files, err := loadMigrations(migrations.FS)
+	require.NoError(t, err)
+	nameRE := regexp.MustCompile(DefaultTable + `\w*`)
+	for _, m := range files {
+		for _, sql := range []string{m.up, m.down} {
+			for _, name := range nameRE.FindAllString(sql, -1) {
+				require.LessOrEqual(t, len(name)-len(DefaultTable)+maxTableLen, 63, name)
+			}
+			require.NotContains(t, rename(sql, "other"), DefaultTable)
+		}
+	}
+}
+
+func TestLockKey(t *testing.T) {
+	a := lockKey(&Config{Schema: "a", Table: "b"})
+	require.Equal(t, a, lockKey(&Config{Schema: "a", Table: "b"}))
+	require.NotEqual(t, a, lockKey(&Config{Schema: "a", Table: "c"}))
+	require.NotEqual(t, a, lockKey(&Config{Schema: "ab", Table: ""}))
+}

@@ -1,0 +1,284 @@
+package durable
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemguard/idem/migrations"
+)
+
+// versionTable records, per table name, the migration versions applied in
+// its schema.
+const versionTable = "idem_migrations"
+
+const createVersionTable = `
+CREATE TABLE ` + versionTable + ` (
+	table_name text        NOT NULL,
+	version    bigint      NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (table_name, version)
+)`
+
+// Migrate brings the table of cfg (a nil cfg gives the defaults) up to date
+// with the migrations embedded in package migrations. It is a no-op when the
+// table is up to date.
+//
+// Everything happens in one transaction of db, so a failed migration leaves
+// nothing behind. It first takes a transaction-scoped advisory lock derived
+// from the schema and table, so that several instances may call Migrate at
+// once at start-up: one applies the migrations, the others wait and find
+// nothing to do. It then creates the schema if one is set and absent, and
+// the version table idem_migrations in that schema if absent, and applies
+// each pending NNNN_*.up.sql file in version order with the object names
+// renamed after cfg.Table, recording each version.
+//
+// When db is a pgx.Tx, Migrate runs in a savepoint of it and leaves its
+// search_path as it found it.
+func Migrate(ctx context.Context, db Beginner, cfg *Config) error {
+	return migrate(ctx, db, cfg, false)
+}
+
+// MigrateDown undoes the migrations applied to the table of cfg (a nil cfg
+// gives the defaults): it applies their NNNN_*.down.sql files in reverse
+// version order, which drops the table, and deletes their version rows. It
+// leaves the schema and the idem_migrations table in place, and is a no-op
+// when nothing is applied. Like [Migrate] it runs in one transaction under
+// the same advisory lock.
+//
+// WARNING: it deletes every stored key and answer of the table.
+func MigrateDown(ctx context.Context, db Beginner, cfg *Config) error {
+	return migrate(ctx, db, cfg, true)
+}
+
+func migrate(ctx context.Context, db Beginner, cfg *Config, down bool) (err error) {
+	op := "migrate"
+	if down {
+		op = "migrate down"
+	}
+	if db == nil {
+		return errNilDB
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	files, err := loadMigrations(migrations.FS)
+	if err != nil {
+		return &opError{op: op, err: err}
+	}
+
+	// Errors are wrapped but not translated: a unique violation here is
+	// not the Store's ErrExists.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return &opError{op: op, err: err}
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := runMigrations(ctx, tx, &c, files, down); err != nil {
+		return &opError{op: op, err: err}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return &opError{op: op, err: err}
+	}
+	return nil
+}
+
+func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration, down bool) (err error) {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(c)); err != nil {
+		return fmt.Errorf("advisory lock: %w", err)
+	}
+
+	if c.Schema != "" {
+		schema := pgx.Identifier{c.Schema}.Sanitize()
+		if !down {
+			var exists bool
+			err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", c.Schema).Scan(&exists)
+			if err == nil && !exists {
+				err = create(ctx, tx, "CREATE SCHEMA "+schema)
+			}
+			if err != nil {
+				return fmt.Errorf("create schema: %w", err)
+			}
+		}
+		// Unqualified names in the migration files resolve to the schema.
+		// The setting is restored before commit so that a caller's
+		// transaction (db may be a pgx.Tx) keeps its own.
+		var saved string
+		err := tx.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&saved)
+		if err == nil {
+			_, err = tx.Exec(ctx, "SELECT set_config('search_path', $1, true)", schema)
+		}
+		if err != nil {
+			return fmt.Errorf("search_path: %w", err)
+		}
+		defer func() {
+			if err == nil {
+				_, err = tx.Exec(ctx, "SELECT set_config('search_path', $1, true)", saved)
+			}
+		}()
+	}
+
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", versionTable).Scan(&exists); err != nil {
+		return fmt.Errorf("version table: %w", err)
+	}
+	if !exists {
+		if down {
+			return nil
+		}
+		if err := create(ctx, tx, createVersionTable); err != nil {
+			return fmt.Errorf("version table: %w", err)
+		}
+	}
+
+	rows, err := tx.Query(ctx, "SELECT version FROM "+versionTable+" WHERE table_name = $1", c.Table)
+	if err != nil {
+		return fmt.Errorf("read versions: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("read versions: %w", err)
+	}
+
+	if down {
+		slices.SortFunc(applied, func(a, b int64) int { return cmp.Compare(b, a) })
+		for _, v := range applied {
+			i := slices.IndexFunc(files, func(m migration) bool { return m.version == v })
+			if i < 0 {
+				return fmt.Errorf("version %d is applied but has no migration file", v)
+			}
+			if _, err := tx.Exec(ctx, rename(files[i].down, c.Table)); err != nil {
+				return fmt.Errorf("%s: %w", files[i].downName, err)
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM "+versionTable+" WHERE table_name = $1 AND version = $2", c.Table, v); err != nil {
+				return fmt.Errorf("%s: %w", files[i].downName, err)
+			}
+		}
+		return nil
+	}
+
+	for _, m := range files {
+		if slices.Contains(applied, m.version) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, rename(m.up, c.Table)); err != nil {
+			return fmt.Errorf("%s: %w", m.upName, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+versionTable+" (table_name, version) VALUES ($1, $2)", c.Table, m.version); err != nil {
+			return fmt.Errorf("%s: %w", m.upName, err)
+		}
+	}
+	return nil
+}
+
+// create runs a CREATE statement for an object found absent. The advisory
+// lock of Migrate is per table, so Migrate calls for two tables of one schema
+// may race to create the schema or the version table: the statement runs in a
+// savepoint, and the loser's duplicate error is ignored.
+func create(ctx context.Context, tx pgx.Tx, sql string) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := sp.Exec(ctx, sql); err != nil {
+		_ = sp.Rollback(ctx)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+			switch pgErr.Code {
+			case "23505", "42P06", "42P07": // unique violation, duplicate schema, duplicate table
+				return nil
+			}
+		}
+		return err
+	}
+	return sp.Commit(ctx)
+}
+
+// lockKey derives the advisory lock key of Migrate from the schema and table.
+func lockKey(c *Config) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idem/durable.Migrate\x00" + c.Schema + "\x00" + c.Table))
+	return int64(h.Sum64())
+}
+
+// rename rewrites the object names of a migration file, which are
+// DefaultTable or start with it, for table.
+func rename(sql, table string) string {
+	return strings.ReplaceAll(sql, DefaultTable, table)
+}
+
+// migration is one version: its up and down SQL.
+type migration struct {
+	version          int64
+	upName, downName string
+	up, down         string
+}
+
+var migrationFileRE = regexp.MustCompile(`^(\d+)_[a-z0-9_]+\.(up|down)\.sql$`)
+
+// loadMigrations reads the migration files at the root of fsys, in version
+// order. Every version must have both an up and a down file.
+func loadMigrations(fsys fs.FS) ([]migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := make(map[int64]*migration)
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		parts := migrationFileRE.FindStringSubmatch(name)
+		if parts == nil {
+			return nil, fmt.Errorf("migration file %s: name is not NNNN_name.up.sql or NNNN_name.down.sql", name)
+		}
+		version, err := strconv.ParseInt(parts[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("migration file %s: %w", name, err)
+		}
+		text, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, err
+		}
+		m := byVersion[version]
+		if m == nil {
+			m = &migration{version: version}
+			byVersion[version] = m
+		}
+		if parts[2] == "up" {
+			if m.upName != "" {
+				return nil, fmt.Errorf("migration files %s and %s have the same version", m.upName, name)
+			}
+			m.upName, m.up = name, string(text)
+		} else {
+			if m.downName != "" {
+				return nil, fmt.Errorf("migration files %s and %s have the same version", m.downName, name)
+			}
+			m.downName, m.down = name, string(text)
+		}
+	}
+	files := make([]migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.upName == "" || m.downName == "" {
+			return nil, fmt.Errorf("migration version %d needs both an up and a down file", m.version)
+		}
+		files = append(files, *m)
+	}
+	slices.SortFunc(files, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
+	return files, nil
+}

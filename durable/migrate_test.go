@@ -1,0 +1,269 @@
+package durable_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
+	"github.com/idemguard/idem/migrations"
+)
+
+// migrateBundle is a pool and a fresh schema name that does not exist yet.
+type migrateBundle struct {
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func setupMigrate(t *testing.T) *migrateBundle {
+	t.Helper()
+	t.Parallel()
+	pool := testdb.Pool(t)
+	return &migrateBundle{ctx: t.Context(), pool: pool, schema: testdb.SchemaName(t, pool)}
+}
+
+func (b *migrateBundle) exists(t *testing.T, name string) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{b.schema, name}.Sanitize()).Scan(&ok))
+	return ok
+}
+
+func (b *migrateBundle) versions(t *testing.T, table string) []int64 {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx,
+		"SELECT version FROM "+pgx.Identifier{b.schema, "idem_migrations"}.Sanitize()+
+			" WHERE table_name = $1 ORDER BY version", table)
+	require.NoError(t, err)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return versions
+}
+
+// objects returns the names of the relations (tables, indexes) and
+// constraints in the schema.
+func (b *migrateBundle) objects(t *testing.T) []string {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `
+SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'i')
+UNION ALL
+SELECT conname FROM pg_constraint WHERE connamespace = $1::regnamespace
+ORDER BY 1`, b.schema)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+func TestMigrate(t *testing.T) {
+	t.Run("creates the table, then is a no-op", func(t *testing.T) {
+		b := setupMigrate(t)
+		cfg := &durable.Config{Schema: b.schema}
+		require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
+		require.True(t, b.exists(t, "idempotency_keys"))
+		require.Equal(t, []int64{1}, b.versions(t, "idempotency_keys"))
+		require.Equal(t, []string{
+			"idem_migrations",
+			"idem_migrations_pkey",
+			"idem_migrations_pkey",
+			"idempotency_keys",
+			"idempotency_keys_answer_check",
+			"idempotency_keys_created_at_idx",
+			"idempotency_keys_in_progress_idx",
+			"idempotency_keys_owner_token_check",
+			"idempotency_keys_pkey",
+			"idempotency_keys_pkey",
+			"idempotency_keys_request_hash_check",
+			"idempotency_keys_status_check",
+		}, b.objects(t))
+
+		var comment string
+		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT obj_description($1::regclass, 'pg_class')",
+			pgx.Identifier{b.schema, "idempotency_keys"}.Sanitize()).Scan(&comment))
+		require.NotEmpty(t, comment)
+
+		var appliedAt time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT applied_at FROM "+
+			pgx.Identifier{b.schema, "idem_migrations"}.Sanitize()).Scan(&appliedAt))
+		require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
+		var again time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT applied_at FROM "+
+			pgx.Identifier{b.schema, "idem_migrations"}.Sanitize()).Scan(&again))
+		require.Equal(t, appliedAt, again, "nothing re-applied")
+	})
+
+	t.Run("concurrent calls on a fresh schema", func(t *testing.T) {
+		b := setupMigrate(t)
+		const n = 8
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			errs  [n]error
+		)
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				errs[i] = durable.Migrate(b.ctx, b.pool, &durable.Config{Schema: b.schema})
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		require.True(t, b.exists(t, "idempotency_keys"))
+		require.Equal(t, []int64{1}, b.versions(t, "idempotency_keys"))
+	})
+
+	t.Run("concurrent calls for two tables of a fresh schema", func(t *testing.T) {
+		// Different tables take different advisory locks, so these race
+		// to create the schema and the version table.
+		b := setupMigrate(t)
+		tables := []string{"keys_a", "keys_b", "keys_c", "keys_d"}
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			errs  = make([]error, 2*len(tables))
+		)
+		for i := range errs {
+			wg.Go(func() {
+				<-start
+				errs[i] = durable.Migrate(b.ctx, b.pool, &durable.Config{Schema: b.schema, Table: tables[i%len(tables)]})
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		for _, table := range tables {
+			require.True(t, b.exists(t, table))
+			require.Equal(t, []int64{1}, b.versions(t, table))
+		}
+	})
+
+	t.Run("custom table name", func(t *testing.T) {
+		b := setupMigrate(t)
+		cfg := &durable.Config{Schema: b.schema, Table: "orders_idem"}
+		require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
+		require.Equal(t, []string{
+			"idem_migrations",
+			"idem_migrations_pkey",
+			"idem_migrations_pkey",
+			"orders_idem",
+			"orders_idem_answer_check",
+			"orders_idem_created_at_idx",
+			"orders_idem_in_progress_idx",
+			"orders_idem_owner_token_check",
+			"orders_idem_pkey",
+			"orders_idem_pkey",
+			"orders_idem_request_hash_check",
+			"orders_idem_status_check",
+		}, b.objects(t))
+		require.Equal(t, []int64{1}, b.versions(t, "orders_idem"))
+		require.Empty(t, b.versions(t, "idempotency_keys"))
+
+		store, err := durable.New(b.pool, cfg)
+		require.NoError(t, err)
+		require.Equal(t, `"`+b.schema+`"."orders_idem"`, store.Table())
+		_, claimed, err := store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
+		require.NoError(t, err)
+		require.True(t, claimed)
+	})
+
+	t.Run("longest table name", func(t *testing.T) {
+		b := setupMigrate(t)
+		table := "t234567890123456789012345678901234567890"
+		require.NoError(t, durable.Migrate(b.ctx, b.pool, &durable.Config{Schema: b.schema, Table: table}))
+		require.Contains(t, b.objects(t), table+"_request_hash_check", "no name was truncated")
+	})
+
+	t.Run("current schema", func(t *testing.T) {
+		b := setupMigrate(t)
+		_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
+		require.NoError(t, err)
+		conn, err := b.pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		_, err = conn.Exec(b.ctx, "SET search_path TO "+b.schema)
+		require.NoError(t, err)
+		defer func() { _, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path") }()
+
+		require.NoError(t, durable.Migrate(b.ctx, conn.Conn(), nil))
+		require.True(t, b.exists(t, "idempotency_keys"))
+		store, err := durable.New(conn.Conn(), nil)
+		require.NoError(t, err)
+		require.Equal(t, `"idempotency_keys"`, store.Table())
+		_, claimed, err := store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
+		require.NoError(t, err)
+		require.True(t, claimed)
+	})
+
+	t.Run("inside a caller's transaction", func(t *testing.T) {
+		b := setupMigrate(t)
+		tx, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+		var before, after string
+		require.NoError(t, tx.QueryRow(b.ctx, "SHOW search_path").Scan(&before))
+		require.NoError(t, durable.Migrate(b.ctx, tx, &durable.Config{Schema: b.schema}))
+		require.NoError(t, tx.QueryRow(b.ctx, "SHOW search_path").Scan(&after))
+		require.Equal(t, before, after)
+		require.NoError(t, tx.Rollback(b.ctx))
+		require.False(t, b.exists(t, "idempotency_keys"), "rolled back with the caller's transaction")
+	})
+}
+
+func TestMigrateDown(t *testing.T) {
+	b := setupMigrate(t)
+	cfg := &durable.Config{Schema: b.schema}
+	other := &durable.Config{Schema: b.schema, Table: "other_keys"}
+
+	require.NoError(t, durable.MigrateDown(b.ctx, b.pool, cfg), "nothing to undo")
+	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
+	require.NoError(t, durable.Migrate(b.ctx, b.pool, other))
+
+	require.NoError(t, durable.MigrateDown(b.ctx, b.pool, cfg))
+	require.False(t, b.exists(t, "idempotency_keys"))
+	require.Empty(t, b.versions(t, "idempotency_keys"))
+	require.True(t, b.exists(t, "other_keys"), "other tables untouched")
+	require.Equal(t, []int64{1}, b.versions(t, "other_keys"))
+
+	require.NoError(t, durable.MigrateDown(b.ctx, b.pool, cfg), "no-op the second time")
+	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg), "can migrate up again")
+	require.True(t, b.exists(t, "idempotency_keys"))
+}
+
+// TestMigrationFilesAsIs runs the files the way golang-migrate would: plain
+// SQL on a connection whose search_path is the target schema.
+func TestMigrationFilesAsIs(t *testing.T) {
+	b := setupMigrate(t)
+	_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
+	require.NoError(t, err)
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, "SET search_path TO "+b.schema)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path") }()
+
+	for _, name := range []string{
+		"0001_create_idempotency_keys.up.sql",
+		"0001_create_idempotency_keys.down.sql",
+		"0001_create_idempotency_keys.up.sql",
+	} {
+		sql, err := migrations.FS.ReadFile(name)
+		require.NoError(t, err)
+		_, err = conn.Exec(b.ctx, string(sql))
+		require.NoError(t, err, name)
+	}
+	require.True(t, b.exists(t, "idempotency_keys"))
+}

@@ -1,0 +1,142 @@
+package durable
+
+import "strings"
+
+// columns is the select list every statement that returns rows uses, in the
+// order scanRecord reads them.
+const columns = `user_id, key, request_hash, owner_token, response_status,
+	response_headers, response_body, created_at, completed_at`
+
+// statements holds every SQL statement of a Store, built once by New for its
+// table. Each is one round trip.
+type statements struct {
+	claim, get, insert                  string
+	complete, settle                    string
+	release, releaseInProgress          string
+	inspect, listInProgress, sweepBatch string
+}
+
+// newStatements builds the statements for the quoted, qualified table name t.
+//
+// The retention is always a parameter in microseconds, turned into an
+// interval by the database: a row is live while
+// created_at >= now() - retention, and expired after.
+func newStatements(t string) *statements {
+	r := strings.NewReplacer(
+		"{t}", t,
+		"{cols}", columns,
+	)
+	return &statements{
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
+		//
+		// ins inserts the row, or takes over an expired one; the second
+		// branch returns the live row that stopped it. Under READ COMMITTED
+		// that branch reads the statement's snapshot, so a row another
+		// claimer committed after it started is not seen: the statement
+		// then returns no row and Claim falls back to Get.
+		claim: r.Replace(`
+WITH ins AS (
+	INSERT INTO {t} AS t (user_id, key, request_hash, owner_token)
+	VALUES ($1, $2, $3, $4)
+	ON CONFLICT (user_id, key) DO UPDATE SET
+		request_hash     = excluded.request_hash,
+		owner_token      = excluded.owner_token,
+		response_status  = NULL,
+		response_headers = NULL,
+		response_body    = NULL,
+		created_at       = now(),
+		completed_at     = NULL
+	WHERE t.created_at < now() - $5::bigint * interval '1 microsecond'
+	RETURNING {cols}
+)
+SELECT {cols}, true FROM ins
+UNION ALL
+SELECT {cols}, false FROM {t}
+WHERE user_id = $1 AND key = $2 AND created_at >= now() - $5::bigint * interval '1 microsecond'
+	AND NOT EXISTS (SELECT 1 FROM ins)`),
+
+		// $1 scope, $2 key, $3 retention.
+		get: r.Replace(`
+SELECT {cols} FROM {t}
+WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
+
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 status (NULL for
+		// an in-progress row), $6 headers, $7 body, $8 retention. No row
+		// back means a live row was already there.
+		insert: r.Replace(`
+INSERT INTO {t} AS t (user_id, key, request_hash, owner_token,
+	response_status, response_headers, response_body, completed_at)
+VALUES ($1, $2, $3, $4, $5::smallint, $6::jsonb, $7::bytea,
+	CASE WHEN $5::smallint IS NULL THEN NULL ELSE now() END)
+ON CONFLICT (user_id, key) DO UPDATE SET
+	request_hash     = excluded.request_hash,
+	owner_token      = excluded.owner_token,
+	response_status  = excluded.response_status,
+	response_headers = excluded.response_headers,
+	response_body    = excluded.response_body,
+	created_at       = now(),
+	completed_at     = excluded.completed_at
+WHERE t.created_at < now() - $8::bigint * interval '1 microsecond'
+RETURNING {cols}`),
+
+		// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body,
+		// $7 retention.
+		complete: r.Replace(`
+UPDATE {t} SET
+	response_status  = $4,
+	response_headers = $5,
+	response_body    = $6,
+	completed_at     = now()
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
+
+		// $1 scope, $2 key, $3 status, $4 headers, $5 body, $6 retention.
+		settle: r.Replace(`
+UPDATE {t} SET
+	response_status  = $3,
+	response_headers = $4,
+	response_body    = $5,
+	completed_at     = now()
+WHERE user_id = $1 AND key = $2
+	AND response_status IS NULL AND created_at >= now() - $6::bigint * interval '1 microsecond'`),
+
+		// $1 scope, $2 key, $3 owner, $4 retention.
+		release: r.Replace(`
+DELETE FROM {t}
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'`),
+
+		// $1 scope, $2 key, $3 retention.
+		releaseInProgress: r.Replace(`
+DELETE FROM {t}
+WHERE user_id = $1 AND key = $2
+	AND response_status IS NULL AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
+
+		// $1 scope, $2 key, $3 retention. Run only after an update or delete
+		// matched no row, to tell why.
+		inspect: r.Replace(`
+SELECT owner_token, response_status IS NOT NULL FROM {t}
+WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
+
+		// $1 retention, $2 age in microseconds, $3 limit. Served by the
+		// partial index on in-progress rows.
+		listInProgress: r.Replace(`
+SELECT {cols} FROM {t}
+WHERE response_status IS NULL AND created_at >= now() - $1::bigint * interval '1 microsecond'
+	AND created_at < now() - $2::bigint * interval '1 microsecond'
+ORDER BY created_at, user_id, key
+LIMIT $3`),
+
+		// $1 retention, $2 limit. SKIP LOCKED lets several sweepers (and
+		// a Claim taking over an expired row) run at once.
+		sweepBatch: r.Replace(`
+DELETE FROM {t}
+WHERE (user_id, key) IN (
+	SELECT user_id, key FROM {t}
+	WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+	ORDER BY created_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)`),
+	}
+}

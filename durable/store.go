@@ -1,0 +1,440 @@
+package durable
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// claimAttempts bounds the claim statement plus Get fallback loop of Claim.
+const claimAttempts = 3
+
+// errContended is the cause Claim reports when, claimAttempts times in a row,
+// the row vanished between the claim statement and the Get that followed it.
+var errContended = errors.New("row kept changing under concurrent claims and releases")
+
+// Store reads and writes the idempotency table. Every method is one
+// statement, so one round trip, except where its comment says otherwise
+// (Claim under a race, the failure paths of Complete, Settle, Release and
+// ReleaseInProgress, and Sweep).
+//
+// A Store is safe for concurrent use. Its methods never change its state;
+// [Store.WithDB] returns a copy bound to another DB, such as a transaction.
+type Store struct {
+	db        DB
+	cfg       Config
+	table     string // quoted and qualified
+	retention int64  // cfg.Retention in microseconds
+	sql       *statements
+}
+
+// New returns a Store that runs its statements through db. A nil cfg gives
+// the defaults. It returns an error naming the field when cfg is invalid.
+// New does not touch the database: run [Migrate] first.
+func New(db DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errNilDB
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	table := c.qualified()
+	return &Store{
+		db:        db,
+		cfg:       c,
+		table:     table,
+		retention: c.Retention.Microseconds(),
+		sql:       newStatements(table),
+	}, nil
+}
+
+// WithDB returns a Store with the same configuration whose statements run
+// through db, for example a pgx.Tx: a Complete through it is then committed
+// or rolled back with the caller's own writes. s is not changed. db must not
+// be nil.
+func (s *Store) WithDB(db DB) *Store {
+	c := *s
+	c.db = db
+	return &c
+}
+
+// Retention returns how long a key lives, from its created_at.
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }
+
+// Table returns the quoted, schema-qualified name of the table as used in the
+// Store's SQL, for example "idem"."idempotency_keys", or "idempotency_keys"
+// when no schema is configured.
+func (s *Store) Table() string { return s.table }
+
+// ClaimParams identifies a request that wants to run.
+type ClaimParams struct {
+	// Scope is the user the key belongs to: keys of different scopes never
+	// meet. It must not contain NUL bytes and must be valid UTF-8.
+	Scope string
+	// Key is the Idempotency-Key sent by the client, with the same rules.
+	Key string
+	// Fingerprint tells a retry from a different request under the same key.
+	Fingerprint Fingerprint
+	// Owner is the caller's fresh random token; it must not be zero.
+	Owner Token
+}
+
+func (p *ClaimParams) check(op string) error {
+	if err := checkText(op, "scope", p.Scope); err != nil {
+		return err
+	}
+	if err := checkText(op, "key", p.Key); err != nil {
+		return err
+	}
+	if p.Owner == (Token{}) {
+		return invalid(op, "owner token is zero")
+	}
+	return nil
+}
+
+// Claim tries to make p.Owner the owner of the key. It inserts an in-progress
+// row for p or, when the existing row has expired, takes it over (new
+// fingerprint, new owner, no answer, created_at reset), so an expired key is a
+// new intent even before Sweep has deleted it.
+//
+// When it wins it returns the new row and claimed == true. Otherwise it
+// returns the live row that is there, in progress or finished, and claimed ==
+// false; the caller compares its Fingerprint with p.Fingerprint. Among any
+// number of concurrent Claims of one key exactly one wins.
+//
+// Claim is one statement, so one round trip, unless it races with another
+// claimer: a row committed by another transaction after the statement began
+// is not visible to it, so Claim then reads the row with [Store.Get], and if
+// that row was released meanwhile, claims again, at most 3 times in all.
+//
+// WARNING: inside a REPEATABLE READ or SERIALIZABLE transaction (see
+// [Store.WithDB]) a race with a concurrent claimer fails with PostgreSQL's
+// serialization error (SQLSTATE 40001) instead; retry the transaction.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed bool, err error) {
+	const op = "claim"
+	if err := p.check(op); err != nil {
+		return Record{}, false, err
+	}
+	for range claimAttempts {
+		var ok bool
+		rec, err = scanRecord(s.db.QueryRow(ctx, s.sql.claim,
+			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention), &ok)
+		if err == nil {
+			return rec, ok, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Record{}, false, translate(op, err)
+		}
+		// Another claimer committed the row after our snapshot was taken.
+		// A new statement sees it, unless it has been released since.
+		rec, err = s.get(ctx, op, p.Scope, p.Key)
+		if !errors.Is(err, ErrNotFound) {
+			return rec, false, err
+		}
+	}
+	return Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
+}
+
+// Get returns the live row of a key. It returns ErrNotFound when there is
+// none or when the row has expired (even if not yet swept).
+func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
+	return s.get(ctx, "get", scope, key)
+}
+
+func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) {
+	if err := checkKey(op, scope, key); err != nil {
+		return Record{}, err
+	}
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.get, scope, key, s.retention))
+	if err != nil {
+		return Record{}, translate(op, err)
+	}
+	return rec, nil
+}
+
+// Insert writes a row in one statement: a finished row (completed_at = now())
+// when a is not nil, an in-progress row when it is nil. Like Claim, it takes
+// over an expired row. When a live row is already there it writes nothing and
+// returns an error that wraps ErrExists.
+//
+// Insert never raises a unique violation, so an ErrExists leaves a caller's
+// transaction usable. Bad arguments (see [ClaimParams], a status outside
+// 100..599) are refused with ErrInvalid before any round trip.
+func (s *Store) Insert(ctx context.Context, p ClaimParams, a *Answer) (Record, error) {
+	const op = "insert"
+	if err := p.check(op); err != nil {
+		return Record{}, err
+	}
+	var status, headers, body any // NULL: in progress
+	if a != nil {
+		st, h, b, err := encodeAnswer(op, *a)
+		if err != nil {
+			return Record{}, err
+		}
+		status, headers, body = st, h, b
+	}
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.insert,
+		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], status, headers, body, s.retention))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, &opError{op: op, kind: ErrExists}
+	}
+	if err != nil {
+		return Record{}, translate(op, err)
+	}
+	return rec, nil
+}
+
+// Complete stores the answer of the in-progress row that owner claimed and
+// sets its completed_at to now(). It is one statement when it succeeds. When
+// nothing was updated, one more statement tells why: ErrNotFound (no live
+// row), ErrNotOwner (the row belongs to another owner, finished or not) or
+// ErrCompleted (the owner's row already has an answer).
+func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a Answer) error {
+	const op = "complete"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	status, headers, body, err := encodeAnswer(op, a)
+	if err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.complete, scope, key, owner[:], status, headers, body, s.retention)
+	if err != nil {
+		return translate(op, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	return s.why(ctx, op, scope, key, &owner)
+}
+
+// Settle stores the answer of an in-progress row whoever owns it, for a
+// reconciler that found out how an abandoned request ended. It is one
+// statement when it succeeds; otherwise one more tells ErrNotFound from
+// ErrCompleted.
+func (s *Store) Settle(ctx context.Context, scope, key string, a Answer) error {
+	const op = "settle"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	status, headers, body, err := encodeAnswer(op, a)
+	if err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.settle, scope, key, status, headers, body, s.retention)
+	if err != nil {
+		return translate(op, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	return s.why(ctx, op, scope, key, nil)
+}
+
+// Release deletes the in-progress row that owner claimed, saying "nothing
+// happened, a retry is safe": the next Claim of the key wins. It is one
+// statement when it succeeds; otherwise one more tells ErrNotFound,
+// ErrNotOwner and ErrCompleted apart, as for [Store.Complete].
+func (s *Store) Release(ctx context.Context, scope, key string, owner Token) error {
+	const op = "release"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.release, scope, key, owner[:], s.retention)
+	if err != nil {
+		return translate(op, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	return s.why(ctx, op, scope, key, &owner)
+}
+
+// ReleaseInProgress deletes an in-progress row whoever owns it, for a
+// reconciler that knows the abandoned request had no effect. It is one
+// statement when it succeeds; otherwise one more tells ErrNotFound from
+// ErrCompleted.
+func (s *Store) ReleaseInProgress(ctx context.Context, scope, key string) error {
+	const op = "release in progress"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.releaseInProgress, scope, key, s.retention)
+	if err != nil {
+		return translate(op, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	return s.why(ctx, op, scope, key, nil)
+}
+
+// why runs after an update or delete of an in-progress row matched nothing,
+// and tells the caller why. owner is nil for the owner-less operations.
+func (s *Store) why(ctx context.Context, op, scope, key string, owner *Token) error {
+	var (
+		got  []byte
+		done bool
+	)
+	err := s.db.QueryRow(ctx, s.sql.inspect, scope, key, s.retention).Scan(&got, &done)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return &opError{op: op, kind: ErrNotFound}
+	case err != nil:
+		return translate(op, err)
+	case owner != nil && !bytes.Equal(got, owner[:]):
+		return &opError{op: op, kind: ErrNotOwner}
+	case done:
+		return &opError{op: op, kind: ErrCompleted}
+	default:
+		// The row was absent when the first statement ran and has been
+		// claimed since: as far as that statement could tell, not found.
+		return &opError{op: op, kind: ErrNotFound}
+	}
+}
+
+// ListInProgress returns up to limit live in-progress rows created more than
+// olderThan ago, oldest first: the candidates of a reconciler. It is one
+// statement, served by a partial index. limit must be positive and olderThan
+// not negative.
+func (s *Store) ListInProgress(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error) {
+	const op = "list in progress"
+	if limit < 1 {
+		return nil, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
+	}
+	if olderThan < 0 {
+		return nil, invalid(op, fmt.Sprintf("olderThan %v is negative", olderThan))
+	}
+	rows, err := s.db.Query(ctx, s.sql.listInProgress, s.retention, olderThan.Microseconds(), limit)
+	if err != nil {
+		return nil, translate(op, err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		return scanRecord(row)
+	})
+	if err != nil {
+		return nil, translate(op, err)
+	}
+	return recs, nil
+}
+
+// SweepBatch deletes up to limit expired rows, oldest first, in one
+// statement, and returns how many it deleted. Rows locked by another
+// transaction are skipped, so several sweepers can run at once. limit must be
+// positive.
+func (s *Store) SweepBatch(ctx context.Context, limit int) (int64, error) {
+	return s.sweepBatch(ctx, "sweep batch", limit)
+}
+
+func (s *Store) sweepBatch(ctx context.Context, op string, limit int) (int64, error) {
+	if limit < 1 {
+		return 0, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
+	}
+	tag, err := s.db.Exec(ctx, s.sql.sweepBatch, s.retention, limit)
+	if err != nil {
+		return 0, translate(op, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Sweep deletes every expired row, in batches of Config.SweepBatchSize rows,
+// one statement each, until a batch deletes fewer rows than that. It returns
+// how many rows it deleted. When ctx ends it stops between or during batches
+// and returns the count so far together with an error wrapping ctx's error.
+//
+// Sweep is for a periodic job; expired rows are invisible to every other call
+// whether or not they have been swept.
+func (s *Store) Sweep(ctx context.Context) (int64, error) {
+	const op = "sweep"
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, &opError{op: op, err: err}
+		}
+		n, err := s.sweepBatch(ctx, op, s.cfg.SweepBatchSize)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < int64(s.cfg.SweepBatchSize) {
+			return total, nil
+		}
+	}
+}
+
+func checkKey(op, scope, key string) error {
+	if err := checkText(op, "scope", scope); err != nil {
+		return err
+	}
+	return checkText(op, "key", key)
+}
+
+// encodeAnswer turns a into the parameters of the answer columns: a nil
+// Header is stored as {} and a nil Body as an empty bytea.
+func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err error) {
+	if a.Status < 100 || a.Status > 599 {
+		return 0, nil, nil, invalid(op, fmt.Sprintf("status %d is outside 100..599", a.Status))
+	}
+	h := a.Header
+	if h == nil {
+		h = http.Header{}
+	}
+	headers, err = json.Marshal(h)
+	if err != nil {
+		return 0, nil, nil, &opError{op: op, kind: ErrInvalid, err: err}
+	}
+	body = a.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return int16(a.Status), headers, body, nil
+}
+
+// scanRecord reads a row selected with columns, followed by extra.
+func scanRecord(row pgx.Row, extra ...any) (Record, error) {
+	var (
+		rec         Record
+		hash, owner []byte
+		status      *int16
+		headers     []byte
+		body        []byte
+		completedAt *time.Time
+	)
+	dest := append([]any{&rec.Scope, &rec.Key, &hash, &owner, &status,
+		&headers, &body, &rec.CreatedAt, &completedAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return Record{}, err
+	}
+	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) {
+		return Record{}, fmt.Errorf("row has a %d-byte request_hash and a %d-byte owner_token", len(hash), len(owner))
+	}
+	copy(rec.Fingerprint[:], hash)
+	copy(rec.Owner[:], owner)
+	if status == nil {
+		return rec, nil
+	}
+	a := &Answer{Status: int(*status), Header: http.Header{}, Body: body}
+	if a.Body == nil {
+		a.Body = []byte{}
+	}
+	if len(headers) > 0 {
+		if err := json.Unmarshal(headers, &a.Header); err != nil {
+			return Record{}, fmt.Errorf("response_headers: %w", err)
+		}
+		if a.Header == nil { // the JSON null
+			a.Header = http.Header{}
+		}
+	}
+	rec.Answer = a
+	if completedAt != nil {
+		rec.CompletedAt = *completedAt
+	}
+	return rec, nil
+}

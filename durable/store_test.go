@@ -1,0 +1,736 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
+)
+
+func TestClaim(t *testing.T) {
+	t.Run("wins on a new key", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		rec := b.claim(t, p)
+		require.Equal(t, "user-1", rec.Scope)
+		require.Equal(t, "key-1", rec.Key)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.True(t, rec.InProgress())
+		require.False(t, rec.CreatedAt.IsZero())
+		require.True(t, rec.CompletedAt.IsZero())
+	})
+
+	t.Run("loses to an in-progress row and gets it back", func(t *testing.T) {
+		b := setup(t, nil)
+		first := b.claim(t, params(t, "user-1", "key-1", "a"))
+
+		rec, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "b"))
+		require.NoError(t, err)
+		require.False(t, claimed)
+		require.Equal(t, first, rec)
+		require.Equal(t, fingerprint("a"), rec.Fingerprint)
+	})
+
+	t.Run("loses to a finished row and gets its answer byte for byte", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		b.claim(t, p)
+		answer := durable.Answer{
+			Status: http.StatusCreated,
+			Header: http.Header{
+				"Content-Type": {"application/json"},
+				"Set-Cookie":   {"a=1", "b=2"},
+				"X-Unicode":    {"héllo ✓"},
+			},
+			Body: []byte{0x00, 0xff, '{', '}', 0x80, '\n'},
+		}
+		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
+
+		rec, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
+		require.NoError(t, err)
+		require.False(t, claimed)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.False(t, rec.InProgress())
+		require.Equal(t, answer, *rec.Answer)
+		require.False(t, rec.CompletedAt.IsZero())
+		require.False(t, rec.CompletedAt.Before(rec.CreatedAt))
+	})
+
+	t.Run("scopes are independent", func(t *testing.T) {
+		b := setup(t, nil)
+		b.claim(t, params(t, "user-1", "key-1", "a"))
+		rec := b.claim(t, params(t, "user-2", "key-1", "b"))
+		require.Equal(t, "user-2", rec.Scope)
+		require.Equal(t, fingerprint("b"), rec.Fingerprint)
+	})
+
+	t.Run("takes over an expired row", func(t *testing.T) {
+		b := setup(t, nil)
+		old := params(t, "user-1", "key-1", "a")
+		b.claim(t, old)
+		require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, durable.Answer{Status: 200}))
+		b.age(t, "user-1", "key-1", "25 hours")
+
+		p := params(t, "user-1", "key-1", "b")
+		rec := b.claim(t, p)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.True(t, rec.InProgress())
+		require.True(t, rec.CompletedAt.IsZero())
+		require.WithinDuration(t, time.Now(), rec.CreatedAt, time.Hour) // reset, not 25h old
+		require.Equal(t, 1, b.count(t))
+	})
+
+	t.Run("does not take over a row just inside retention", func(t *testing.T) {
+		b := setup(t, nil)
+		first := b.claim(t, params(t, "user-1", "key-1", "a"))
+		b.age(t, "user-1", "key-1", "23 hours 59 minutes")
+
+		rec, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "b"))
+		require.NoError(t, err)
+		require.False(t, claimed)
+		require.Equal(t, first.Owner, rec.Owner)
+	})
+
+	t.Run("honours a custom retention", func(t *testing.T) {
+		b := setup(t, &durable.Config{Retention: time.Minute})
+		b.claim(t, params(t, "user-1", "key-1", "a"))
+		b.age(t, "user-1", "key-1", "61 seconds")
+		b.claim(t, params(t, "user-1", "key-1", "b"))
+	})
+
+	t.Run("refuses bad arguments", func(t *testing.T) {
+		b := setup(t, nil)
+		for name, p := range map[string]durable.ClaimParams{
+			"NUL in key":    {Scope: "u", Key: "a\x00b", Owner: token(t)},
+			"NUL in scope":  {Scope: "\x00", Key: "k", Owner: token(t)},
+			"invalid UTF-8": {Scope: "u", Key: "\xff", Owner: token(t)},
+			"zero owner":    {Scope: "u", Key: "k"},
+		} {
+			_, _, err := b.store.Claim(b.ctx, p)
+			require.ErrorIs(t, err, durable.ErrInvalid, name)
+		}
+		require.Equal(t, 0, b.count(t))
+	})
+}
+
+// TestClaimRace races 64 claimers on one key: exactly one wins and every
+// other one gets the winner's row back, without an error.
+func TestClaimRace(t *testing.T) {
+	b := setup(t, nil)
+	const n = 64
+	var (
+		start   = make(chan struct{})
+		wg      sync.WaitGroup
+		records [n]durable.Record
+		claimed [n]bool
+		errs    [n]error
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			p := params(t, "user-1", "hot-key", fmt.Sprint("body-", i))
+			records[i], claimed[i], errs[i] = b.store.Claim(b.ctx, p)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	winner := -1
+	for i := range n {
+		require.NoError(t, errs[i])
+		if claimed[i] {
+			require.Equal(t, -1, winner, "two claims won")
+			winner = i
+		}
+	}
+	require.NotEqual(t, -1, winner, "no claim won")
+	for i := range n {
+		require.Equal(t, records[winner], records[i])
+	}
+	require.Equal(t, 1, b.count(t))
+}
+
+// TestClaimReleaseRace mixes claims with releases so that the row often
+// vanishes between Claim's statement and its fallback read: Claim must still
+// never fail nor report two live owners at once.
+func TestClaimReleaseRace(t *testing.T) {
+	b := setup(t, nil)
+	const workers, rounds = 16, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*rounds)
+	for range workers {
+		wg.Go(func() {
+			for range rounds {
+				p := params(t, "user-1", "churn", "a")
+				_, claimed, err := b.store.Claim(b.ctx, p)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				if claimed {
+					if err := b.store.Release(b.ctx, p.Scope, p.Key, p.Owner); err != nil {
+						errs <- err
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		// The bounded retry may give up under this much churn; nothing
+		// else may go wrong.
+		require.ErrorContains(t, err, "gave up after 3 attempts")
+	}
+}
+
+func TestGet(t *testing.T) {
+	b := setup(t, nil)
+	p := params(t, "user-1", "key-1", "a")
+	claimedRec := b.claim(t, p)
+
+	rec, err := b.store.Get(b.ctx, "user-1", "key-1")
+	require.NoError(t, err)
+	require.Equal(t, claimedRec, rec)
+
+	_, err = b.store.Get(b.ctx, "user-1", "other")
+	require.ErrorIs(t, err, durable.ErrNotFound)
+	_, err = b.store.Get(b.ctx, "user-2", "key-1")
+	require.ErrorIs(t, err, durable.ErrNotFound)
+
+	b.age(t, "user-1", "key-1", "25 hours")
+	_, err = b.store.Get(b.ctx, "user-1", "key-1")
+	require.ErrorIs(t, err, durable.ErrNotFound, "an expired row is not found, swept or not")
+	require.Equal(t, 1, b.count(t))
+}
+
+func TestInsert(t *testing.T) {
+	answer := durable.Answer{Status: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+
+	t.Run("finished row", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		rec, err := b.store.Insert(b.ctx, p, &answer)
+		require.NoError(t, err)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.Equal(t, answer, *rec.Answer)
+		require.False(t, rec.CompletedAt.IsZero())
+
+		got, err := b.store.Get(b.ctx, p.Scope, p.Key)
+		require.NoError(t, err)
+		require.Equal(t, rec, got)
+	})
+
+	t.Run("finished row with nil header and body", func(t *testing.T) {
+		b := setup(t, nil)
+		rec, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "a"), &durable.Answer{Status: 204})
+		require.NoError(t, err)
+		require.Equal(t, durable.Answer{Status: 204, Header: http.Header{}, Body: []byte{}}, *rec.Answer)
+	})
+
+	t.Run("in-progress row", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		rec, err := b.store.Insert(b.ctx, p, nil)
+		require.NoError(t, err)
+		require.True(t, rec.InProgress())
+		require.True(t, rec.CompletedAt.IsZero())
+		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
+	})
+
+	t.Run("live row exists", func(t *testing.T) {
+		b := setup(t, nil)
+		first := b.claim(t, params(t, "user-1", "key-1", "a"))
+
+		_, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "b"), &answer)
+		require.ErrorIs(t, err, durable.ErrExists)
+		_, err = b.store.Insert(b.ctx, params(t, "user-1", "key-1", "b"), nil)
+		require.ErrorIs(t, err, durable.ErrExists)
+
+		rec, err := b.store.Get(b.ctx, "user-1", "key-1")
+		require.NoError(t, err)
+		require.Equal(t, first, rec, "nothing written")
+	})
+
+	t.Run("takes over an expired row", func(t *testing.T) {
+		b := setup(t, nil)
+		b.claim(t, params(t, "user-1", "key-1", "a"))
+		b.age(t, "user-1", "key-1", "25 hours")
+
+		p := params(t, "user-1", "key-1", "b")
+		rec, err := b.store.Insert(b.ctx, p, &answer)
+		require.NoError(t, err)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.Equal(t, answer, *rec.Answer)
+		require.WithinDuration(t, time.Now(), rec.CreatedAt, time.Hour)
+		require.Equal(t, 1, b.count(t))
+	})
+
+	t.Run("bad status", func(t *testing.T) {
+		b := setup(t, nil)
+		for _, status := range []int{0, 99, 600, 70000, -1} {
+			_, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "a"), &durable.Answer{Status: status})
+			require.ErrorIs(t, err, durable.ErrInvalid, status)
+		}
+		require.Equal(t, 0, b.count(t))
+	})
+}
+
+func TestComplete(t *testing.T) {
+	answer := durable.Answer{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("ok")}
+
+	t.Run("by the owner", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		claimedRec := b.claim(t, p)
+		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
+
+		rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
+		require.NoError(t, err)
+		require.Equal(t, answer, *rec.Answer)
+		require.Equal(t, claimedRec.CreatedAt, rec.CreatedAt)
+		require.False(t, rec.CompletedAt.Before(rec.CreatedAt))
+	})
+
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token // returns the token to complete with
+		want    error
+	}{
+		{
+			name: "by another owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				return token(t)
+			},
+			want: durable.ErrNotOwner,
+		},
+		{
+			name: "twice",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
+				return p.Owner
+			},
+			want: durable.ErrCompleted,
+		},
+		{
+			name: "missing",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				return p.Owner
+			},
+			want: durable.ErrNotFound,
+		},
+		{
+			name: "expired",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				b.age(t, p.Scope, p.Key, "25 hours")
+				return p.Owner
+			},
+			want: durable.ErrNotFound,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := setup(t, nil)
+			p := params(t, "user-1", "key-1", "a")
+			owner := tt.prepare(t, b, p)
+			before, beforeErr := b.store.Get(b.ctx, p.Scope, p.Key)
+
+			err := b.store.Complete(b.ctx, p.Scope, p.Key, owner, durable.Answer{Status: 500})
+			require.ErrorIs(t, err, tt.want)
+
+			after, afterErr := b.store.Get(b.ctx, p.Scope, p.Key)
+			require.Equal(t, beforeErr, afterErr)
+			require.Equal(t, before, after, "nothing written")
+		})
+	}
+
+	t.Run("bad status", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		b.claim(t, p)
+		err := b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 42})
+		require.ErrorIs(t, err, durable.ErrInvalid)
+	})
+
+	t.Run("NUL in a header is refused by the database", func(t *testing.T) {
+		b := setup(t, nil)
+		p := params(t, "user-1", "key-1", "a")
+		b.claim(t, p)
+		err := b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner,
+			durable.Answer{Status: 200, Header: http.Header{"X-Bad": {"a\x00b"}}})
+		require.ErrorIs(t, err, durable.ErrInvalid)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "22P05", pgErr.Code)
+
+		rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
+		require.NoError(t, err)
+		require.True(t, rec.InProgress())
+	})
+}
+
+func TestSettle(t *testing.T) {
+	b := setup(t, nil)
+	p := params(t, "user-1", "key-1", "a")
+	b.claim(t, p)
+
+	answer := durable.Answer{Status: 502, Body: []byte("upstream failed")}
+	require.NoError(t, b.store.Settle(b.ctx, p.Scope, p.Key, answer))
+	rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.Equal(t, p.Owner, rec.Owner, "the owner is kept")
+	require.Equal(t, 502, rec.Answer.Status)
+	require.Equal(t, answer.Body, rec.Answer.Body)
+
+	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, p.Key, answer), durable.ErrCompleted)
+	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, "missing", answer), durable.ErrNotFound)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer), durable.ErrCompleted)
+}
+
+func TestRelease(t *testing.T) {
+	tests := []struct {
+		name string
+		// prepare returns the owner to release with.
+		prepare func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token
+		want    error // nil: released
+		// anyOwner uses ReleaseInProgress instead of Release.
+		anyOwner bool
+	}{
+		{
+			name: "by the owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				return p.Owner
+			},
+		},
+		{
+			name: "by another owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				return token(t)
+			},
+			want: durable.ErrNotOwner,
+		},
+		{
+			name: "finished",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+				return p.Owner
+			},
+			want: durable.ErrCompleted,
+		},
+		{
+			name: "missing",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				return p.Owner
+			},
+			want: durable.ErrNotFound,
+		},
+		{
+			name: "in progress, any owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				return durable.Token{}
+			},
+			anyOwner: true,
+		},
+		{
+			name: "finished, any owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				require.NoError(t, b.store.Settle(b.ctx, p.Scope, p.Key, durable.Answer{Status: 200}))
+				return durable.Token{}
+			},
+			anyOwner: true,
+			want:     durable.ErrCompleted,
+		},
+		{
+			name: "missing, any owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				return durable.Token{}
+			},
+			anyOwner: true,
+			want:     durable.ErrNotFound,
+		},
+		{
+			name: "expired, any owner",
+			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+				b.claim(t, p)
+				b.age(t, p.Scope, p.Key, "25 hours")
+				return durable.Token{}
+			},
+			anyOwner: true,
+			want:     durable.ErrNotFound,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := setup(t, nil)
+			p := params(t, "user-1", "key-1", "a")
+			owner := tt.prepare(t, b, p)
+			rows := b.count(t)
+
+			var err error
+			if tt.anyOwner {
+				err = b.store.ReleaseInProgress(b.ctx, p.Scope, p.Key)
+			} else {
+				err = b.store.Release(b.ctx, p.Scope, p.Key, owner)
+			}
+			if tt.want != nil {
+				require.ErrorIs(t, err, tt.want)
+				require.Equal(t, rows, b.count(t), "nothing deleted")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, 0, b.count(t))
+			// A retry is safe: the next claim wins.
+			b.claim(t, params(t, p.Scope, p.Key, "a"))
+		})
+	}
+}
+
+// TestWithDB runs Complete in a caller's transaction: the answer is stored
+// only if that transaction commits.
+func TestWithDB(t *testing.T) {
+	for _, commit := range []bool{false, true} {
+		t.Run(fmt.Sprint("commit=", commit), func(t *testing.T) {
+			b := setup(t, nil)
+			p := params(t, "user-1", "key-1", "a")
+			b.claim(t, p)
+
+			tx, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+			txStore := b.store.WithDB(tx)
+			require.Equal(t, b.store.Table(), txStore.Table())
+			require.NoError(t, txStore.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+
+			// Inside the transaction the row is finished; outside, not yet.
+			rec, err := txStore.Get(b.ctx, p.Scope, p.Key)
+			require.NoError(t, err)
+			require.False(t, rec.InProgress())
+			rec, err = b.store.Get(b.ctx, p.Scope, p.Key)
+			require.NoError(t, err)
+			require.True(t, rec.InProgress())
+
+			if commit {
+				require.NoError(t, tx.Commit(b.ctx))
+			} else {
+				require.NoError(t, tx.Rollback(b.ctx))
+			}
+			rec, err = b.store.Get(b.ctx, p.Scope, p.Key)
+			require.NoError(t, err)
+			require.Equal(t, !commit, rec.InProgress())
+		})
+	}
+}
+
+// TestInsertExistsInTx checks that a lost Insert does not abort the caller's
+// transaction.
+func TestInsertExistsInTx(t *testing.T) {
+	b := setup(t, nil)
+	b.claim(t, params(t, "user-1", "key-1", "a"))
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+	txStore := b.store.WithDB(tx)
+
+	_, err = txStore.Insert(b.ctx, params(t, "user-1", "key-1", "b"), &durable.Answer{Status: 200})
+	require.ErrorIs(t, err, durable.ErrExists)
+
+	_, err = tx.Exec(b.ctx, "SELECT 1")
+	require.NoError(t, err, "the transaction is still usable")
+	_, err = txStore.Insert(b.ctx, params(t, "user-1", "key-2", "b"), &durable.Answer{Status: 200})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(b.ctx))
+	require.Equal(t, 2, b.count(t))
+}
+
+func TestInvalidText(t *testing.T) {
+	b := setup(t, nil)
+	owner := token(t)
+	answer := durable.Answer{Status: 200}
+	calls := map[string]func(scope, key string) error{
+		"claim": func(scope, key string) error {
+			_, _, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner})
+			return err
+		},
+		"insert": func(scope, key string) error {
+			_, err := b.store.Insert(b.ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner}, nil)
+			return err
+		},
+		"get": func(scope, key string) error {
+			_, err := b.store.Get(b.ctx, scope, key)
+			return err
+		},
+		"complete": func(scope, key string) error { return b.store.Complete(b.ctx, scope, key, owner, answer) },
+		"settle":   func(scope, key string) error { return b.store.Settle(b.ctx, scope, key, answer) },
+		"release":  func(scope, key string) error { return b.store.Release(b.ctx, scope, key, owner) },
+		"release in progress": func(scope, key string) error {
+			return b.store.ReleaseInProgress(b.ctx, scope, key)
+		},
+	}
+	for name, call := range calls {
+		require.ErrorIs(t, call("user-1", "key\x00"), durable.ErrInvalid, name)
+		require.ErrorIs(t, call("user\x00", "key"), durable.ErrInvalid, name)
+	}
+}
+
+func TestListInProgress(t *testing.T) {
+	b := setup(t, nil)
+	// In progress, by age.
+	for key, age := range map[string]string{"k10": "10 minutes", "k30": "30 minutes", "k20": "20 minutes"} {
+		b.claim(t, params(t, "user-1", key, "a"))
+		b.age(t, "user-1", key, age)
+	}
+	b.claim(t, params(t, "user-1", "fresh", "a"))
+	// Old but finished.
+	done := params(t, "user-1", "done", "a")
+	b.claim(t, done)
+	require.NoError(t, b.store.Complete(b.ctx, done.Scope, done.Key, done.Owner, durable.Answer{Status: 200}))
+	b.age(t, "user-1", "done", "40 minutes")
+	// In progress but expired.
+	b.claim(t, params(t, "user-1", "expired", "a"))
+	b.age(t, "user-1", "expired", "25 hours")
+
+	keys := func(recs []durable.Record) []string {
+		var out []string
+		for _, r := range recs {
+			require.True(t, r.InProgress())
+			out = append(out, r.Key)
+		}
+		return out
+	}
+	tests := []struct {
+		olderThan time.Duration
+		limit     int
+		want      []string
+	}{
+		{olderThan: 5 * time.Minute, limit: 10, want: []string{"k30", "k20", "k10"}},
+		{olderThan: 5 * time.Minute, limit: 2, want: []string{"k30", "k20"}},
+		{olderThan: 15 * time.Minute, limit: 10, want: []string{"k30", "k20"}},
+		{olderThan: time.Hour, limit: 10, want: nil},
+		{olderThan: 0, limit: 10, want: []string{"k30", "k20", "k10", "fresh"}},
+	}
+	for _, tt := range tests {
+		recs, err := b.store.ListInProgress(b.ctx, tt.olderThan, tt.limit)
+		require.NoError(t, err)
+		require.Equal(t, tt.want, keys(recs), "olderThan=%v limit=%d", tt.olderThan, tt.limit)
+	}
+
+	_, err := b.store.ListInProgress(b.ctx, time.Minute, 0)
+	require.ErrorIs(t, err, durable.ErrInvalid)
+	_, err = b.store.ListInProgress(b.ctx, -time.Minute, 1)
+	require.ErrorIs(t, err, durable.ErrInvalid)
+}
+
+func TestSweep(t *testing.T) {
+	// seed inserts n rows under scope, created the given interval ago.
+	seed := func(t *testing.T, b *bundle, scope string, n int, ago string) {
+		t.Helper()
+		_, err := b.pool.Exec(b.ctx, `
+INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, created_at)
+SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), now() - $3::interval
+FROM generate_series(1, $2::int) AS g`, scope, n, ago)
+		require.NoError(t, err)
+	}
+
+	t.Run("deletes only expired rows, in batches", func(t *testing.T) {
+		b := setup(t, &durable.Config{SweepBatchSize: 1000})
+		seed(t, b, "expired", 2500, "25 hours")
+		seed(t, b, "live", 10, "23 hours")
+		b.claim(t, params(t, "live", "fresh", "a"))
+
+		n, err := b.store.Sweep(b.ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 2500, n)
+		require.Equal(t, 11, b.count(t))
+		var expired int
+		require.NoError(t, b.pool.QueryRow(b.ctx,
+			`SELECT count(*) FROM `+b.store.Table()+` WHERE user_id = 'expired'`).Scan(&expired))
+		require.Zero(t, expired)
+
+		n, err = b.store.Sweep(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
+
+	t.Run("batch", func(t *testing.T) {
+		b := setup(t, nil)
+		seed(t, b, "expired", 150, "25 hours")
+		n, err := b.store.SweepBatch(b.ctx, 100)
+		require.NoError(t, err)
+		require.EqualValues(t, 100, n)
+		n, err = b.store.SweepBatch(b.ctx, 100)
+		require.NoError(t, err)
+		require.EqualValues(t, 50, n)
+		_, err = b.store.SweepBatch(b.ctx, 0)
+		require.ErrorIs(t, err, durable.ErrInvalid)
+	})
+
+	t.Run("cancelled", func(t *testing.T) {
+		b := setup(t, &durable.Config{SweepBatchSize: 10})
+		seed(t, b, "expired", 100, "25 hours")
+		ctx, cancel := context.WithCancel(b.ctx)
+		cancel()
+		n, err := b.store.Sweep(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Zero(t, n)
+		require.Equal(t, 100, b.count(t))
+	})
+}
+
+// TestDatabaseClock checks that created_at and completed_at are the
+// database's now(), not the application's clock.
+func TestDatabaseClock(t *testing.T) {
+	b := setup(t, nil)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+
+	// now() is fixed for a transaction: a row written through it must carry
+	// exactly that time, whatever the application's clock says.
+	var dbNow time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, "SELECT now()").Scan(&dbNow))
+	s := b.store.WithDB(tx)
+	p := params(t, "user-1", "key-1", "a")
+	rec, claimed, err := s.Claim(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, claimed)
+	require.True(t, dbNow.Equal(rec.CreatedAt), "created_at %v, now() %v", rec.CreatedAt, dbNow)
+
+	require.NoError(t, s.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+	rec, err = s.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.True(t, dbNow.Equal(rec.CompletedAt))
+}
+
+func TestContextErrors(t *testing.T) {
+	b := setup(t, nil)
+	ctx, cancel := context.WithCancel(b.ctx)
+	cancel()
+	_, _, err := b.store.Claim(ctx, params(t, "user-1", "key-1", "a"))
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, errors.Is(err, durable.ErrNotFound))
+
+	ctx, cancel = context.WithDeadline(b.ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	_, err = b.store.Get(ctx, "user-1", "key-1")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}

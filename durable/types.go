@@ -1,0 +1,76 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is the narrow interface the Store runs its statements through. Both
+// *pgxpool.Pool and pgx.Tx (and *pgx.Conn) satisfy it, so a caller can run the
+// store inside its own transaction with [Store.WithDB].
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner is a DB that can start a transaction. [Migrate] needs one so that
+// it can hold a transaction-scoped advisory lock. *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx (as a savepoint) satisfy it.
+type Beginner interface {
+	DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Fingerprint is the SHA-256 digest that tells a retry of a request from a
+// different request sent under the same key.
+type Fingerprint [32]byte
+
+// Token identifies the owner of a claim. Only the owner can complete or
+// release the row it claimed. The zero Token is never a valid owner.
+type Token [16]byte
+
+// Answer is a finished response as stored: the status, the headers a client
+// acts on and the body. A nil Header or Body is stored as empty.
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is one row of the idempotency table.
+type Record struct {
+	Scope       string
+	Key         string
+	Fingerprint Fingerprint
+	Owner       Token
+	// Answer is nil while the request is in progress.
+	Answer      *Answer
+	CreatedAt   time.Time
+	CompletedAt time.Time // zero while in progress
+}
+
+// InProgress reports whether the row has no answer yet.
+func (r Record) InProgress() bool { return r.Answer == nil }
+
+// Errors returned by the Store. Compare with errors.Is.
+var (
+	// ErrNotFound: no live (unexpired) row for that scope and key.
+	ErrNotFound = errors.New("durable: not found")
+	// ErrNotOwner: the live row for that scope and key was claimed under
+	// another owner token.
+	ErrNotOwner = errors.New("durable: not the owner of an in-progress row")
+	// ErrCompleted: the live row for that scope and key already has an
+	// answer, so it can no longer be completed, settled or released.
+	ErrCompleted = errors.New("durable: row already has an answer")
+	// ErrExists: an insert found a live row for that scope and key.
+	ErrExists = errors.New("durable: row exists")
+	// ErrInvalid: the database refused an argument (e.g. a NUL byte in a
+	// text column, an out-of-range status). Nothing was written.
+	ErrInvalid = errors.New("durable: invalid argument")
+)
