@@ -1,0 +1,126 @@
+package idem
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+)
+
+// errNotStorable marks an answer that was delivered but cannot be stored: it
+// was flushed, hijacked or larger than the capture limit.
+var errNotStorable = errors.New("idem: answer streamed, hijacked or too large to store")
+
+// recorder writes the handler's answer through to the client and captures
+// what is needed to replay it.
+type recorder struct {
+	w        http.ResponseWriter
+	allow    []string
+	max      int
+	status   int
+	header   http.Header
+	body     bytes.Buffer
+	overflow bool
+	streamed bool
+}
+
+func newRecorder(w http.ResponseWriter, allow []string, max int) *recorder {
+	return &recorder{w: w, allow: allow, max: max}
+}
+
+func (rc *recorder) Header() http.Header { return rc.w.Header() }
+
+func (rc *recorder) WriteHeader(code int) {
+	if rc.status != 0 {
+		return // superfluous: net/http would only log it
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		rc.w.WriteHeader(code) // informational (103 Early Hints): not the answer
+		return
+	}
+	rc.status = code
+	rc.header = captureHeaders(rc.w.Header(), rc.allow)
+	rc.w.WriteHeader(code)
+}
+
+func (rc *recorder) Write(p []byte) (int, error) {
+	if rc.status == 0 {
+		h := rc.w.Header()
+		if _, set := h["Content-Type"]; !set && len(p) > 0 {
+			// net/http would sniff the type; do it here so that the stored
+			// answer carries exactly what the client got.
+			h.Set("Content-Type", http.DetectContentType(p))
+		}
+		rc.WriteHeader(http.StatusOK)
+	}
+	// Capture everything the handler meant to send, even if the client went
+	// away: a retry deserves the whole answer.
+	if !rc.overflow {
+		if rc.body.Len()+len(p) > rc.max {
+			rc.overflow = true
+			rc.body = bytes.Buffer{}
+		} else {
+			rc.body.Write(p)
+		}
+	}
+	return rc.w.Write(p)
+}
+
+// Flush delivers what was written so far; the answer is then streamed and is
+// not stored.
+func (rc *recorder) Flush() {
+	if rc.status == 0 {
+		rc.WriteHeader(http.StatusOK)
+	}
+	rc.streamed = true
+	_ = http.NewResponseController(rc.w).Flush()
+}
+
+// Hijack hands the connection to the handler; the answer is not stored.
+func (rc *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	rc.streamed = true
+	return http.NewResponseController(rc.w).Hijack()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer for the
+// features the recorder does not intercept (deadlines, full duplex).
+func (rc *recorder) Unwrap() http.ResponseWriter { return rc.w }
+
+// result is the captured answer; errNotStorable when it must not be stored.
+func (rc *recorder) result() (Response, error) {
+	if rc.status == 0 {
+		// The handler wrote nothing: net/http answers 200 with no body.
+		rc.status = http.StatusOK
+		rc.header = captureHeaders(rc.w.Header(), rc.allow)
+		rc.w.WriteHeader(http.StatusOK)
+	}
+	resp := Response{Status: rc.status, Header: rc.header, Body: bytes.Clone(rc.body.Bytes())}
+	if rc.streamed || rc.overflow {
+		return resp, errNotStorable
+	}
+	return resp, nil
+}
+
+// captureHeaders copies the allowlisted headers, dropping values a client
+// could not have received as sent (CR, LF or NUL inside).
+func captureHeaders(h http.Header, allow []string) http.Header {
+	out := make(http.Header, len(allow))
+	for _, k := range allow {
+		vs, ok := h[k]
+		if !ok {
+			continue
+		}
+		kept := make([]string, 0, len(vs))
+		for _, v := range vs {
+			if !strings.ContainsAny(v, "\r\n\x00") {
+				kept = append(kept, v)
+			}
+		}
+		if len(kept) > 0 {
+			out[k] = kept
+		}
+	}
+	return out
+}

@@ -1,0 +1,554 @@
+// Package idem makes retried requests safe: it runs the work of a request at
+// most once per (scope, idempotency key) and replays the stored answer to
+// every retry.
+//
+// A [Guard] decides, for each request, one of: run the work and store its
+// answer; replay an earlier answer; refuse with [ErrInProgress] (409) because
+// an execution is running or its answer is unknown; or refuse with
+// [ErrKeyReused] (422) because the key was first used for a different request.
+// [Guard.Do] is the transport-agnostic core; [Guard.Middleware] wraps an
+// http.Handler with it.
+//
+// Answers live in PostgreSQL (package durable). Two strategies decide who
+// runs:
+//
+//   - table (no lock configured): INSERT ... ON CONFLICT DO NOTHING on the
+//     idempotency table decides the race. Two PostgreSQL writes per first
+//     execution, one read-only round trip per replay.
+//   - hybrid ([Config.Lock] set): SET NX EX in Redis (package lock) decides
+//     "in progress" at Redis speed; PostgreSQL is read under the lock and
+//     written once, after the work. An expired lock cannot cause a second
+//     execution of a finished request, because the answer is read from
+//     PostgreSQL under every lock.
+//
+// The README compares both strategies' guarantees (crash, Redis loss, lock
+// expiry, 5xx) in detail.
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
+)
+
+// Request names one intent: who asks (Scope), under which idempotency key,
+// and what they sent (Fingerprint).
+type Request struct {
+	// Scope is the authenticated caller, e.g. the user id. Keys are unique per
+	// scope: another scope's key is a key nobody has seen. Required: 1 to
+	// 1024 bytes of valid UTF-8 without NUL.
+	Scope string
+	// Key is the client's idempotency key. Required: 1 to 255 bytes of valid
+	// UTF-8 without NUL (the middleware further restricts it to printable
+	// ASCII).
+	Key string
+	// Fingerprint identifies the request's content (see HashRequest). A retry
+	// must send the same one. The zero Fingerprint is refused.
+	Fingerprint Fingerprint
+}
+
+// Limits on Request fields.
+const (
+	MaxKeyLen   = 255
+	MaxScopeLen = 1024
+)
+
+func (r Request) validate() error {
+	if err := validText(r.Scope, MaxScopeLen); err != "" {
+		return &RequestError{Field: "Scope", Reason: err}
+	}
+	if err := validText(r.Key, MaxKeyLen); err != "" {
+		return &RequestError{Field: "Key", Reason: err}
+	}
+	if r.Fingerprint == (Fingerprint{}) {
+		return &RequestError{Field: "Fingerprint", Reason: "zero"}
+	}
+	return nil
+}
+
+func validText(s string, max int) string {
+	switch {
+	case s == "":
+		return "empty"
+	case len(s) > max:
+		return fmt.Sprintf("longer than %d bytes", max)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return "contains NUL"
+		}
+	}
+	return ""
+}
+
+// Response is a finished answer: what is stored and replayed. Header holds
+// only what the caller chose to keep (the middleware keeps an allowlist).
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Work is the guarded operation. Its ctx carries the execution (see
+// [MarkRetrySafe]) and, in hybrid mode, a deadline that ends before the lock's
+// TTL. The returned Response decides what happens to the key:
+//
+//   - status 100-499 except 429: stored and replayed to every retry;
+//   - 429, an error wrapping ErrRetrySafe, or MarkRetrySafe called: the key is
+//     released, the next retry runs the work again;
+//   - 5xx or any other error: not stored, the key stays in progress until it
+//     is settled or released, or expires.
+type Work func(ctx context.Context) (Response, error)
+
+// Store is what the Guard needs from the durable store. *durable.Store
+// implements it; see that package for each call's promise.
+type Store interface {
+	Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error)
+	Get(ctx context.Context, scope, key string) (durable.Record, error)
+	Insert(ctx context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error)
+	Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error
+	Release(ctx context.Context, scope, key string, owner durable.Token) error
+	Settle(ctx context.Context, scope, key string, a durable.Answer) error
+	ReleaseInProgress(ctx context.Context, scope, key string) error
+}
+
+// Config tunes a Guard. A nil *Config is valid: the table strategy with every
+// default.
+type Config struct {
+	// Lock, when set, selects the hybrid strategy: a Redis lease decides who
+	// runs, PostgreSQL stores the answer. Defaults to nil (table strategy).
+	Lock *lock.Locker
+	// WorkTimeout bounds the work's context. In hybrid mode it is measured
+	// from just before the lease is requested and WorkTimeout + StoreTimeout
+	// must be shorter than the lease TTL, so that the answer is stored while
+	// the lease is still held. Defaults to 0 (no bound) in table mode and to
+	// the lease TTL - StoreTimeout - 1s in hybrid mode (24s with the
+	// defaults).
+	WorkTimeout time.Duration
+	// StoreTimeout bounds each call to the store and, after the work, the
+	// call that stores its answer (which runs even if the caller's context is
+	// cancelled, so a client that hangs up does not lose the answer).
+	// Defaults to 5s.
+	StoreTimeout time.Duration
+	// Logger receives one line per decision worth a human's attention
+	// (fallback to the table claim, store failure, lost lease). Keys are
+	// logged as a short hash, never in clear. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+const defaultStoreTimeout = 5 * time.Second
+
+// Strategy names how a Guard decides who runs.
+type Strategy string
+
+const (
+	StrategyTable  Strategy = "table"
+	StrategyHybrid Strategy = "hybrid"
+)
+
+// Guard runs work at most once per (scope, key). It is safe for concurrent use
+// by any number of goroutines and holds no per-request state.
+type Guard struct {
+	store        Store
+	lock         *lock.Locker
+	workTimeout  time.Duration
+	storeTimeout time.Duration
+	log          *slog.Logger
+	stats        stats
+}
+
+// New returns a Guard over store. A nil cfg gives the table strategy with every
+// default. Invalid fields are reported by name.
+func New(store Store, cfg *Config) (*Guard, error) {
+	if store == nil {
+		return nil, errors.New("idem: nil store")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = defaultStoreTimeout
+	}
+	if c.StoreTimeout < 0 {
+		return nil, fmt.Errorf("idem: Config.StoreTimeout %v must be positive", c.StoreTimeout)
+	}
+	if c.WorkTimeout < 0 {
+		return nil, fmt.Errorf("idem: Config.WorkTimeout %v must not be negative", c.WorkTimeout)
+	}
+	if c.Lock != nil {
+		ttl := c.Lock.TTL()
+		if c.WorkTimeout == 0 {
+			c.WorkTimeout = ttl - c.StoreTimeout - time.Second
+		}
+		if c.WorkTimeout <= 0 || c.WorkTimeout+c.StoreTimeout >= ttl {
+			return nil, fmt.Errorf("idem: Config.WorkTimeout %v + Config.StoreTimeout %v must be positive and shorter than the lock TTL %v",
+				c.WorkTimeout, c.StoreTimeout, ttl)
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Guard{
+		store:        store,
+		lock:         c.Lock,
+		workTimeout:  c.WorkTimeout,
+		storeTimeout: c.StoreTimeout,
+		log:          c.Logger,
+	}, nil
+}
+
+// Strategy reports the guard's strategy.
+func (g *Guard) Strategy() Strategy {
+	if g.lock != nil {
+		return StrategyHybrid
+	}
+	return StrategyTable
+}
+
+// Do runs work at most once for req's (Scope, Key) and returns its answer, or
+// the stored answer of an earlier execution with the same fingerprint.
+//
+// The returned error is nil whenever there is an answer to deliver (executed
+// or replayed; for OutcomeExecutedPending it is the work's own error, if any).
+// Otherwise the work did not run and the error wraps one of ErrInProgress,
+// ErrKeyReused, ErrUnavailable, ErrInvalidRequest, or is the context's error.
+//
+// If work panics, the key is released and the panic continues.
+func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+	if err := req.validate(); err != nil {
+		return Response{}, OutcomeNone, err
+	}
+	if work == nil {
+		return Response{}, OutcomeNone, errors.New("idem: nil work")
+	}
+	if g.lock != nil {
+		return g.doHybrid(ctx, req, work)
+	}
+	return g.doTable(ctx, req, work)
+}
+
+// doTable: the unique constraint decides. Claim, run, store.
+func (g *Guard) doTable(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+	owner := newToken()
+	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
+	rec, claimed, err := g.store.Claim(sctx, durable.ClaimParams{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner,
+	})
+	cancel()
+	if err != nil {
+		return g.storeFailed(ctx, req, "claim", err)
+	}
+	if !claimed {
+		return g.decide(req, rec)
+	}
+	x := &execution{g: g, req: req, owner: owner, mode: StrategyTable}
+	return x.run(ctx, g.workContext, work)
+}
+
+// doHybrid: a Redis lease decides who runs; PostgreSQL is read under it and
+// written once after the work.
+func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+	start := time.Now()
+	lease, err := g.lock.Obtain(ctx, req.Scope, req.Key)
+	switch {
+	case errors.Is(err, lock.ErrNotObtained):
+		// Somebody runs it now, or ran it and still holds the lease: the
+		// durable row tells which.
+		return g.readDecide(ctx, req)
+	case errors.Is(err, lock.ErrUnavailable):
+		g.stats.fallbacks.Add(1)
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: redis unavailable, falling back to the table claim",
+			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+		return g.doTable(ctx, req, work)
+	case err != nil:
+		return Response{}, OutcomeNone, err // the caller's context ended
+	}
+
+	// The lease is ours. Give it back when done, unless the work ran and its
+	// outcome could not be recorded: then the lease is all that stops a retry
+	// from running the work again, so it is left to expire by its TTL.
+	x := &execution{g: g, req: req, owner: newToken(), mode: StrategyHybrid}
+	defer func() {
+		if x.keepLease {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
+		defer cancel()
+		if err := lease.Release(rctx); err != nil {
+			if errors.Is(err, lock.ErrNotHeld) {
+				g.stats.lockLost.Add(1)
+				g.log.LogAttrs(ctx, slog.LevelError, "idem: lease expired before it was released",
+					slog.String("key_hash", keyHash(req)))
+				return
+			}
+			g.log.LogAttrs(ctx, slog.LevelWarn, "idem: releasing lease failed; it expires by its TTL",
+				slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+		}
+	}()
+
+	resp, out, err, found := g.readExisting(ctx, req)
+	if found || err != nil {
+		return resp, out, err
+	}
+	deadline := start.Add(g.workTimeout)
+	return x.run(ctx, func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return context.WithDeadline(ctx, deadline)
+	}, work)
+}
+
+// readDecide answers a request that lost the lease from the durable row.
+func (g *Guard) readDecide(ctx context.Context, req Request) (Response, Outcome, error) {
+	resp, out, err, found := g.readExisting(ctx, req)
+	if found || err != nil {
+		return resp, out, err
+	}
+	// Lease held, no row: the holder is running the work right now.
+	g.stats.inProgress.Add(1)
+	return Response{}, OutcomeInProgress, ErrInProgress
+}
+
+// readExisting reads the durable row: found reports whether one decided the
+// request.
+func (g *Guard) readExisting(ctx context.Context, req Request) (Response, Outcome, error, bool) {
+	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
+	rec, err := g.store.Get(sctx, req.Scope, req.Key)
+	cancel()
+	switch {
+	case errors.Is(err, durable.ErrNotFound):
+		return Response{}, OutcomeNone, nil, false
+	case err != nil:
+		resp, out, err := g.storeFailed(ctx, req, "read", err)
+		return resp, out, err, true
+	}
+	resp, out, err := g.decide(req, rec)
+	return resp, out, err, true
+}
+
+// decide answers a request whose key already has a row: a different
+// fingerprint first (422, whatever the row's state), then no answer yet (409),
+// else replay.
+func (g *Guard) decide(req Request, rec durable.Record) (Response, Outcome, error) {
+	switch {
+	case rec.Fingerprint != req.Fingerprint:
+		g.stats.keyReused.Add(1)
+		return Response{}, OutcomeKeyReused, ErrKeyReused
+	case rec.Answer == nil:
+		g.stats.inProgress.Add(1)
+		return Response{}, OutcomeInProgress, ErrInProgress
+	}
+	g.stats.replayed.Add(1)
+	return Response(*rec.Answer), OutcomeReplayed, nil
+}
+
+func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
+	if cerr := ctx.Err(); cerr != nil {
+		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(cerr, err))
+	}
+	if errors.Is(err, durable.ErrInvalid) {
+		return Response{}, OutcomeNone, &RequestError{Field: "Key", Reason: "refused by the store"}
+	}
+	g.stats.storeErrors.Add(1)
+	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
+		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(ErrUnavailable, err))
+}
+
+func (g *Guard) workContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.workTimeout > 0 {
+		return context.WithTimeout(ctx, g.workTimeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// storeContext is the context of a store call made on behalf of a request
+// that may already have been cancelled: the answer must still be written.
+func (g *Guard) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
+}
+
+// Settle stores the final answer of a key left in progress (by a 5xx, an
+// error or a crash), so that the next retry is replayed resp. It is the
+// reconciler's call: use it once the real outcome is known. It returns
+// durable.ErrNotFound when no live row exists and durable.ErrCompleted when
+// the key already has an answer.
+func (g *Guard) Settle(ctx context.Context, scope, key string, resp Response) error {
+	if disposition(resp, nil) != dispStore {
+		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
+	}
+	if err := g.store.Settle(ctx, scope, key, durable.Answer(resp)); err != nil {
+		return fmt.Errorf("idem: settle: %w", err)
+	}
+	g.stats.settled.Add(1)
+	return nil
+}
+
+// Release deletes a key left in progress, declaring that nothing happened:
+// the next retry runs the work. It is the reconciler's call. It returns
+// durable.ErrNotFound when no live row exists and durable.ErrCompleted when
+// the key already has an answer (which is never released).
+func (g *Guard) Release(ctx context.Context, scope, key string) error {
+	if err := g.store.ReleaseInProgress(ctx, scope, key); err != nil {
+		return fmt.Errorf("idem: release: %w", err)
+	}
+	g.stats.released.Add(1)
+	return nil
+}
+
+// MarkRetrySafe declares, from inside the work (ctx is the work's context or
+// one derived from it), that the work did nothing a retry could repeat, for
+// example a 503 from an open circuit breaker before any charge. Whatever
+// status the work then returns, the key is released instead of stored or left
+// in progress, and the next retry runs. It reports false, and does nothing,
+// when ctx does not belong to a guarded execution.
+func MarkRetrySafe(ctx context.Context) bool {
+	x, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return false
+	}
+	x.retrySafe.Store(true)
+	return true
+}
+
+type executionKey struct{}
+
+// execution is one run of the work under a claim (table) or a lease (hybrid).
+type execution struct {
+	g         *Guard
+	req       Request
+	owner     durable.Token
+	mode      Strategy
+	retrySafe atomic.Bool
+	keepLease bool // hybrid: the durable row could not be written
+}
+
+type disp int
+
+const (
+	dispStore   disp = iota // a final answer: store it
+	dispPending             // unknown: leave the key in progress
+	dispRelease             // nothing happened: release the key
+)
+
+func disposition(resp Response, err error) disp {
+	switch {
+	case errors.Is(err, ErrRetrySafe):
+		return dispRelease
+	case err != nil:
+		return dispPending
+	case resp.Status == http.StatusTooManyRequests:
+		return dispRelease
+	case resp.Status < 100 || resp.Status >= 500:
+		return dispPending
+	}
+	return dispStore
+}
+
+func (x *execution) run(ctx context.Context, bound func(context.Context) (context.Context, context.CancelFunc), work Work) (resp Response, out Outcome, err error) {
+	wctx, cancel := bound(context.WithValue(ctx, executionKey{}, x))
+	defer cancel()
+	panicked := true
+	defer func() {
+		if panicked {
+			x.abandon(ctx)
+		}
+	}()
+	resp, err = work(wctx)
+	panicked = false
+
+	d := disposition(resp, err)
+	if x.retrySafe.Load() {
+		d = dispRelease
+	}
+	switch d {
+	case dispRelease:
+		x.abandon(ctx)
+		x.g.stats.released.Add(1)
+		return resp, OutcomeExecutedReleased, err
+	case dispPending:
+		x.g.stats.pending.Add(1)
+		if x.mode == StrategyHybrid {
+			// Leave a durable in-progress row, so retries get 409 after the
+			// lease is gone, until reconciliation settles the key.
+			x.insert(ctx, nil)
+		}
+		if err == nil && resp.Status < 100 {
+			err = fmt.Errorf("idem: work returned invalid status %d", resp.Status)
+		}
+		return resp, OutcomeExecutedPending, err
+	}
+	a := durable.Answer(resp)
+	if x.mode == StrategyHybrid {
+		if !x.insert(ctx, &a) {
+			return resp, OutcomeExecutedPending, nil
+		}
+	} else {
+		sctx, cancel := x.g.storeContext(ctx)
+		cerr := x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
+		cancel()
+		if cerr != nil {
+			x.storeFailed(ctx, "complete", cerr)
+			return resp, OutcomeExecutedPending, nil
+		}
+	}
+	x.g.stats.executed.Add(1)
+	return resp, OutcomeExecuted, nil
+}
+
+// insert writes the hybrid's durable row: finished with a, in progress with
+// nil. It reports whether the row was written.
+func (x *execution) insert(ctx context.Context, a *durable.Answer) bool {
+	sctx, cancel := x.g.storeContext(ctx)
+	defer cancel()
+	_, err := x.g.store.Insert(sctx, durable.ClaimParams{
+		Scope: x.req.Scope, Key: x.req.Key, Fingerprint: x.req.Fingerprint, Owner: x.owner,
+	}, a)
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, durable.ErrExists) {
+		// Another execution wrote the row while we held the lease: the lease
+		// expired under us, or Redis lost it. Exactly-once was broken for this
+		// key; make it loud.
+		x.g.stats.doubleExecutions.Add(1)
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: row written by another execution while the lease was held; the work may have run twice",
+			slog.String("key_hash", keyHash(x.req)))
+		return false
+	}
+	x.keepLease = true
+	x.storeFailed(ctx, "insert", err)
+	return false
+}
+
+func (x *execution) storeFailed(ctx context.Context, op string, err error) {
+	x.g.stats.storeErrors.Add(1)
+	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer not stored; the key stays in progress until settled or expired",
+		slog.String("op", op), slog.String("strategy", string(x.mode)),
+		slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
+}
+
+// abandon gives the key back: nothing happened (or the work panicked). In
+// table mode the in-progress row is deleted; in hybrid mode there is no row
+// yet and the lease is released by the caller.
+func (x *execution) abandon(ctx context.Context) {
+	if x.mode != StrategyTable {
+		return
+	}
+	sctx, cancel := x.g.storeContext(ctx)
+	defer cancel()
+	if err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner); err != nil {
+		x.g.stats.storeErrors.Add(1)
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",
+			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
+	}
+}

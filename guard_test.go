@@ -1,0 +1,671 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
+	"github.com/idemguard/idem/internal/testredis"
+	"github.com/idemguard/idem/lock"
+)
+
+// Strategies every behavioural test runs under: the table strategy, the
+// hybrid on a real Redis, and the hybrid on miniredis.
+var strategies = []string{"table", "hybrid", "hybrid-miniredis"}
+
+// bundle is what a stateful test needs.
+type bundle struct {
+	guard *idem.Guard
+	store *durable.Store
+	pool  *pgxpool.Pool
+	mr    *miniredis.Miniredis // set for hybrid-miniredis
+	redis redis.UniversalClient
+}
+
+type setupOpts struct {
+	cfg   idem.Config
+	store func(idem.Store) idem.Store // wraps the store, for fault injection
+}
+
+func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
+	t.Helper()
+	var o setupOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	store, pool := testdb.Store(t, nil)
+	b := bundle{store: store, pool: pool}
+	switch strategy {
+	case "table":
+	case "hybrid":
+		c := testredis.Client(t)
+		l, err := lock.New(c, &lock.Config{Prefix: testredis.Prefix(t, c)})
+		require.NoError(t, err)
+		o.cfg.Lock, b.redis = l, c
+	case "hybrid-miniredis":
+		b.mr = miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: b.mr.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		l, err := lock.New(c, nil)
+		require.NoError(t, err)
+		o.cfg.Lock, b.redis = l, c
+	default:
+		t.Fatalf("unknown strategy %q", strategy)
+	}
+	if o.cfg.Logger == nil {
+		o.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	var s idem.Store = store
+	if o.store != nil {
+		s = o.store(store)
+	}
+	g, err := idem.New(s, &o.cfg)
+	require.NoError(t, err)
+	b.guard = g
+	return b
+}
+
+func forEachStrategy(t *testing.T, fn func(t *testing.T, strategy string)) {
+	for _, s := range strategies {
+		t.Run("strategy="+s, func(t *testing.T) { fn(t, s) })
+	}
+}
+
+func newKey() string { return "key-" + rand.Text() }
+
+func req(scope, key, body string) idem.Request {
+	return idem.Request{Scope: scope, Key: key, Fingerprint: idem.HashRequest("POST", "/orders", []byte(body))}
+}
+
+// counter is a Work that counts its executions and answers resp.
+type counter struct {
+	n    atomic.Int32
+	resp idem.Response
+	err  error
+}
+
+func (c *counter) work(ctx context.Context) (idem.Response, error) {
+	c.n.Add(1)
+	return c.resp, c.err
+}
+
+func created(id string) idem.Response {
+	return idem.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Location": {"/orders/" + id}, "Content-Type": {"application/json"}},
+		Body:   []byte(`{"id":"` + id + `"}`),
+	}
+}
+
+func TestExecutesOnceAndReplays(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		w := &counter{resp: created("o1")}
+		r := req("user-1", newKey(), `{"hold_ids":[1]}`)
+
+		resp, out, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		require.Equal(t, w.resp, resp)
+
+		for range 3 {
+			resp, out, err = b.guard.Do(ctx, r, w.work)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeReplayed, out)
+			require.Equal(t, w.resp.Status, resp.Status)
+			require.Equal(t, w.resp.Header, resp.Header)
+			require.Equal(t, w.resp.Body, resp.Body)
+		}
+		require.EqualValues(t, 1, w.n.Load())
+		st := b.guard.Stats()
+		require.EqualValues(t, 1, st.Executed)
+		require.EqualValues(t, 3, st.Replayed)
+	})
+}
+
+func TestDeclinedIsAnAnswer(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		w := &counter{resp: idem.Response{Status: http.StatusPaymentRequired, Body: []byte("card declined")}}
+		r := req("u", newKey(), "b")
+		_, out, err := b.guard.Do(context.Background(), r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		resp, out, err := b.guard.Do(context.Background(), r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out)
+		require.Equal(t, http.StatusPaymentRequired, resp.Status)
+		require.Equal(t, "card declined", string(resp.Body))
+		require.EqualValues(t, 1, w.n.Load())
+	})
+}
+
+func TestScopeIsolation(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		w := &counter{resp: created("x")}
+		key := newKey()
+		for _, scope := range []string{"alice", "bob"} {
+			_, out, err := b.guard.Do(context.Background(), req(scope, key, "same"), w.work)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out, scope)
+		}
+		require.EqualValues(t, 2, w.n.Load())
+	})
+}
+
+func TestKeyReused(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		key := newKey()
+		w := &counter{resp: created("o1")}
+		_, _, err := b.guard.Do(ctx, req("u", key, "first"), w.work)
+		require.NoError(t, err)
+
+		resp, out, err := b.guard.Do(ctx, req("u", key, "second"), w.work)
+		require.ErrorIs(t, err, idem.ErrKeyReused)
+		require.Equal(t, idem.OutcomeKeyReused, out)
+		require.Zero(t, resp.Status, "the stored answer must not leak to a different request")
+		require.EqualValues(t, 1, w.n.Load())
+
+		// A mismatch wins over "in progress" too.
+		key2 := newKey()
+		pending := &counter{resp: idem.Response{Status: http.StatusGatewayTimeout}}
+		_, out, _ = b.guard.Do(ctx, req("u", key2, "first"), pending.work)
+		require.Equal(t, idem.OutcomeExecutedPending, out)
+		_, out, err = b.guard.Do(ctx, req("u", key2, "second"), pending.work)
+		require.ErrorIs(t, err, idem.ErrKeyReused)
+		require.Equal(t, idem.OutcomeKeyReused, out)
+	})
+}
+
+// A request arriving while the first runs gets ErrInProgress, in both
+// strategies, and the first one's answer is replayed afterwards.
+func TestInProgressWhileRunning(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		r := req("u", newKey(), "body")
+		started, finish := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := b.guard.Do(ctx, r, func(context.Context) (idem.Response, error) {
+				close(started)
+				<-finish
+				return created("slow"), nil
+			})
+			done <- err
+		}()
+		<-started
+		var ran atomic.Bool
+		_, out, err := b.guard.Do(ctx, r, func(context.Context) (idem.Response, error) {
+			ran.Store(true)
+			return idem.Response{Status: 200}, nil
+		})
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.Equal(t, idem.OutcomeInProgress, out)
+		require.False(t, ran.Load())
+		close(finish)
+		require.NoError(t, <-done)
+
+		resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out)
+		require.Equal(t, "/orders/slow", resp.Header.Get("Location"))
+	})
+}
+
+// nil2xx is a Work that fails the test if it runs.
+func nil2xx(t *testing.T) idem.Work {
+	return func(context.Context) (idem.Response, error) {
+		t.Error("work ran but must not")
+		return idem.Response{Status: 200}, nil
+	}
+}
+
+// 64 goroutines, one key: exactly one execution; everybody else is told
+// "in progress" or replayed the one answer.
+func TestRaceExactlyOnce(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		r := req("racer", newKey(), `{"hold_ids":[88211]}`)
+		const n = 64
+		var executions atomic.Int32
+		outcomes := make([]idem.Outcome, n)
+		bodies := make([]string, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				resp, out, err := b.guard.Do(context.Background(), r, func(context.Context) (idem.Response, error) {
+					executions.Add(1)
+					time.Sleep(20 * time.Millisecond) // hold the claim while others arrive
+					return created(fmt.Sprint("winner-", i)), nil
+				})
+				if out != idem.OutcomeInProgress {
+					require.NoError(t, err)
+				}
+				outcomes[i], bodies[i] = out, string(resp.Body)
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, executions.Load())
+		var executed int
+		var answer string
+		for i, o := range outcomes {
+			switch o {
+			case idem.OutcomeExecuted:
+				executed++
+				answer = bodies[i]
+			case idem.OutcomeInProgress, idem.OutcomeReplayed:
+			default:
+				t.Fatalf("goroutine %d: unexpected outcome %v", i, o)
+			}
+		}
+		require.Equal(t, 1, executed)
+		for i, o := range outcomes {
+			if o == idem.OutcomeReplayed {
+				require.Equal(t, answer, bodies[i])
+			}
+		}
+	})
+}
+
+// A 5xx is never stored: the key stays in progress (also after the hybrid's
+// lease is gone) until Settle stores the real answer or Release frees it.
+func TestServerErrorLeavesKeyInProgress(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		r := req("u", newKey(), "pay")
+		w := &counter{resp: idem.Response{Status: http.StatusGatewayTimeout, Body: []byte("timeout")}}
+		resp, out, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, http.StatusGatewayTimeout, resp.Status, "the caller still gets its own answer")
+
+		for range 2 {
+			_, out, err = b.guard.Do(ctx, r, w.work)
+			require.ErrorIs(t, err, idem.ErrInProgress)
+			require.Equal(t, idem.OutcomeInProgress, out)
+		}
+		require.EqualValues(t, 1, w.n.Load())
+
+		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, created("settled")))
+		resp, out, err = b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out)
+		require.Equal(t, http.StatusCreated, resp.Status)
+		require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, created("again")), durable.ErrCompleted)
+		require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key), durable.ErrCompleted)
+
+		// Release: "nothing happened", the next retry runs.
+		r2 := req("u", newKey(), "pay")
+		_, _, _ = b.guard.Do(ctx, r2, w.work)
+		require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key))
+		ok := &counter{resp: created("after-release")}
+		_, out, err = b.guard.Do(ctx, r2, ok.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		require.EqualValues(t, 1, ok.n.Load())
+
+		require.ErrorContains(t, b.guard.Settle(ctx, "u", newKey(), idem.Response{Status: 503}), "cannot be stored")
+		require.ErrorIs(t, b.guard.Settle(ctx, "u", newKey(), created("x")), durable.ErrNotFound)
+		require.ErrorIs(t, b.guard.Release(ctx, "u", newKey()), durable.ErrNotFound)
+	})
+}
+
+func TestWorkErrorLeavesKeyInProgress(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		boom := errors.New("provider said something odd")
+		w := &counter{err: boom}
+		r := req("u", newKey(), "x")
+		_, out, err := b.guard.Do(context.Background(), r, w.work)
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, idem.OutcomeExecutedPending, out)
+		_, _, err = b.guard.Do(context.Background(), r, w.work)
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.EqualValues(t, 1, w.n.Load())
+	})
+}
+
+// 429, ErrRetrySafe and MarkRetrySafe release the key: the next retry runs.
+func TestRetrySafeReleasesKey(t *testing.T) {
+	cases := map[string]idem.Work{
+		"429": func(context.Context) (idem.Response, error) {
+			return idem.Response{Status: http.StatusTooManyRequests}, nil
+		},
+		"ErrRetrySafe": func(context.Context) (idem.Response, error) {
+			return idem.Response{}, fmt.Errorf("breaker open: %w", idem.ErrRetrySafe)
+		},
+		"MarkRetrySafe": func(ctx context.Context) (idem.Response, error) {
+			if !idem.MarkRetrySafe(ctx) {
+				return idem.Response{}, errors.New("not a guarded context")
+			}
+			return idem.Response{Status: http.StatusServiceUnavailable}, nil
+		},
+	}
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		for name, first := range cases {
+			t.Run(name, func(t *testing.T) {
+				r := req("u", newKey(), name)
+				_, out, _ := b.guard.Do(context.Background(), r, first)
+				require.Equal(t, idem.OutcomeExecutedReleased, out)
+				w := &counter{resp: created(name)}
+				_, out, err := b.guard.Do(context.Background(), r, w.work)
+				require.NoError(t, err)
+				require.Equal(t, idem.OutcomeExecuted, out)
+				require.EqualValues(t, 1, w.n.Load())
+			})
+		}
+	})
+	require.False(t, idem.MarkRetrySafe(context.Background()))
+}
+
+func TestPanicReleasesAndRepanics(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		r := req("u", newKey(), "x")
+		require.PanicsWithValue(t, "handler bug", func() {
+			_, _, _ = b.guard.Do(context.Background(), r, func(context.Context) (idem.Response, error) {
+				panic("handler bug")
+			})
+		})
+		w := &counter{resp: created("after-panic")}
+		_, out, err := b.guard.Do(context.Background(), r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+	})
+}
+
+func TestInvalidRequest(t *testing.T) {
+	b := setup(t, "table")
+	fp := idem.HashRequest("POST", "/", nil)
+	long := string(make([]byte, 256))
+	for name, r := range map[string]idem.Request{
+		"empty scope":   {Scope: "", Key: "k", Fingerprint: fp},
+		"empty key":     {Scope: "u", Key: "", Fingerprint: fp},
+		"long key":      {Scope: "u", Key: "k" + long[1:] + "k", Fingerprint: fp},
+		"NUL in key":    {Scope: "u", Key: "a\x00b", Fingerprint: fp},
+		"NUL in scope":  {Scope: "u\x00", Key: "k", Fingerprint: fp},
+		"bad UTF-8 key": {Scope: "u", Key: "\xff\xfe", Fingerprint: fp},
+		"zero print":    {Scope: "u", Key: "k"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, out, err := b.guard.Do(context.Background(), r, nil2xx(t))
+			require.ErrorIs(t, err, idem.ErrInvalidRequest)
+			var re *idem.RequestError
+			require.ErrorAs(t, err, &re)
+			require.NotEmpty(t, re.Field)
+			require.Equal(t, idem.OutcomeNone, out)
+		})
+	}
+}
+
+// The caller hanging up during the work does not lose the answer.
+func TestAnswerStoredAfterCallerCancels(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx, cancel := context.WithCancel(context.Background())
+		r := req("u", newKey(), "x")
+		_, out, err := b.guard.Do(ctx, r, func(context.Context) (idem.Response, error) {
+			cancel()
+			return created("kept"), nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		resp, out, err := b.guard.Do(context.Background(), r, nil2xx(t))
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out)
+		require.Equal(t, "/orders/kept", resp.Header.Get("Location"))
+	})
+}
+
+// An expired key is a new intent, even before any sweep.
+func TestExpiredKeyIsNewIntent(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		r := req("u", newKey(), "x")
+		w := &counter{resp: created("first")}
+		_, _, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '25 hours' WHERE key = $1", r.Key)
+		require.NoError(t, err)
+		_, out, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		require.EqualValues(t, 2, w.n.Load())
+	})
+}
+
+// In hybrid mode the work's deadline ends before the lease's TTL, with room
+// to store the answer.
+func TestHybridWorkDeadline(t *testing.T) {
+	b := setup(t, "hybrid-miniredis")
+	_, _, err := b.guard.Do(context.Background(), req("u", newKey(), "x"), func(ctx context.Context) (idem.Response, error) {
+		dl, ok := ctx.Deadline()
+		require.True(t, ok, "hybrid work must have a deadline")
+		require.Less(t, time.Until(dl), 30*time.Second-5*time.Second)
+		require.Greater(t, time.Until(dl), 20*time.Second)
+		return created("x"), nil
+	})
+	require.NoError(t, err)
+
+	_, err = idem.New(b.store, &idem.Config{Lock: mustLocker(t, b.redis), WorkTimeout: 29 * time.Second})
+	require.ErrorContains(t, err, "Config.WorkTimeout")
+}
+
+func mustLocker(t *testing.T, c redis.UniversalClient) *lock.Locker {
+	l, err := lock.New(c, nil)
+	require.NoError(t, err)
+	return l
+}
+
+// A lease that expired long after a request finished cannot cause a second
+// execution: the answer is read from PostgreSQL under the new lease. A lease
+// left by a crashed holder that expires leaves an in-progress row that still
+// answers 409.
+func TestHybridExpiredLease(t *testing.T) {
+	b := setup(t, "hybrid-miniredis")
+	ctx := context.Background()
+	l := mustLocker(t, b.redis)
+
+	// A holder that crashed after a 5xx: in-progress row, lease still set.
+	r := req("u", newKey(), "x")
+	_, out, _ := b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.NoError(t, b.redis.Set(ctx, l.Key(r.Scope, r.Key), "crashed-holder", 30*time.Second).Err())
+	_, out, _ = b.guard.Do(ctx, r, nil2xx(t))
+	require.Equal(t, idem.OutcomeInProgress, out)
+	b.mr.FastForward(31 * time.Second)
+	_, out, err := b.guard.Do(ctx, r, nil2xx(t))
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Equal(t, idem.OutcomeInProgress, out)
+
+	// The lease expiring while the work runs is detected and counted.
+	r2 := req("u", newKey(), "y")
+	_, out, err = b.guard.Do(ctx, r2, func(context.Context) (idem.Response, error) {
+		b.mr.FastForward(31 * time.Second)
+		return created("late"), nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out)
+	require.EqualValues(t, 1, b.guard.Stats().LockLost)
+	_, out, _ = b.guard.Do(ctx, r2, nil2xx(t))
+	require.Equal(t, idem.OutcomeReplayed, out)
+}
+
+// Another execution writing the row under our lease is detected, counted and
+// leaves the first writer's answer in place.
+func TestHybridDetectsDoubleExecution(t *testing.T) {
+	b := setup(t, "hybrid-miniredis")
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	_, out, err := b.guard.Do(ctx, r, func(context.Context) (idem.Response, error) {
+		a := durable.Answer(created("intruder"))
+		_, err := b.store.Insert(ctx, durable.ClaimParams{Scope: r.Scope, Key: r.Key, Fingerprint: r.Fingerprint, Owner: durable.Token{1}}, &a)
+		require.NoError(t, err)
+		return created("mine"), nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.EqualValues(t, 1, b.guard.Stats().DoubleExecutions)
+	resp, _, _ := b.guard.Do(ctx, r, nil2xx(t))
+	require.Equal(t, "/orders/intruder", resp.Header.Get("Location"))
+}
+
+// Redis unreachable: the hybrid falls back to the table claim for that
+// request, so exactly-once rests on the unique constraint.
+func TestHybridFallsBackWhenRedisFails(t *testing.T) {
+	b := setup(t, "hybrid-miniredis")
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	w := &counter{resp: created("fallback")}
+
+	b.mr.SetError("ERR injected failure")
+	_, out, err := b.guard.Do(ctx, r, w.work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out)
+	_, out, err = b.guard.Do(ctx, r, w.work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out)
+	require.EqualValues(t, 2, b.guard.Stats().Fallbacks)
+
+	b.mr.SetError("")
+	_, out, err = b.guard.Do(ctx, r, w.work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out, "the hybrid reads the row the fallback wrote")
+	require.EqualValues(t, 1, w.n.Load())
+
+	// A claim in progress taken during the outage still answers 409 once
+	// Redis is back.
+	r2 := req("u", newKey(), "y")
+	b.mr.SetError("ERR injected failure")
+	_, out, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 502}}).work)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	b.mr.SetError("")
+	_, out, _ = b.guard.Do(ctx, r2, nil2xx(t))
+	require.Equal(t, idem.OutcomeInProgress, out)
+
+	// Redis gone entirely.
+	b.mr.Close()
+	r3 := req("u", newKey(), "z")
+	_, out, err = b.guard.Do(ctx, r3, w.work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out)
+}
+
+// PostgreSQL unreachable: fail closed, never run the work unguarded.
+func TestStoreUnavailableFailsClosed(t *testing.T) {
+	for _, strategy := range []string{"table", "hybrid-miniredis"} {
+		t.Run("strategy="+strategy, func(t *testing.T) {
+			pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			store, err := durable.New(pool, nil)
+			require.NoError(t, err)
+			cfg := &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreTimeout: 2 * time.Second}
+			var mr *miniredis.Miniredis
+			if strategy != "table" {
+				mr = miniredis.RunT(t)
+				c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+				t.Cleanup(func() { _ = c.Close() })
+				cfg.Lock = mustLocker(t, c)
+			}
+			g, err := idem.New(store, cfg)
+			require.NoError(t, err)
+			r := req("u", newKey(), "x")
+			_, out, err := g.Do(context.Background(), r, nil2xx(t))
+			require.ErrorIs(t, err, idem.ErrUnavailable)
+			require.Equal(t, idem.OutcomeNone, out)
+			require.EqualValues(t, 1, g.Stats().StoreErrors)
+			if mr != nil {
+				require.False(t, mr.Exists(cfg.Lock.Key(r.Scope, r.Key)),
+					"the lease must be released when the store cannot decide")
+			}
+		})
+	}
+}
+
+// faultyStore fails Complete and Insert, as a store that dies between the
+// work and storing its answer.
+type faultyStore struct {
+	idem.Store
+	err error
+}
+
+func (f faultyStore) Complete(context.Context, string, string, durable.Token, durable.Answer) error {
+	return f.err
+}
+
+func (f faultyStore) Insert(context.Context, durable.ClaimParams, *durable.Answer) (durable.Record, error) {
+	return durable.Record{}, f.err
+}
+
+// The answer cannot be stored: the caller still gets it, and the key stays
+// in progress rather than letting a retry run the work again.
+func TestAnswerNotStoredKeepsKeyInProgress(t *testing.T) {
+	for _, strategy := range []string{"table", "hybrid-miniredis"} {
+		t.Run("strategy="+strategy, func(t *testing.T) {
+			b := setup(t, strategy, func(o *setupOpts) {
+				o.store = func(s idem.Store) idem.Store { return faultyStore{Store: s, err: errors.New("connection reset")} }
+			})
+			r := req("u", newKey(), "x")
+			w := &counter{resp: created("lost")}
+			resp, out, err := b.guard.Do(context.Background(), r, w.work)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecutedPending, out)
+			require.Equal(t, http.StatusCreated, resp.Status)
+			_, out, err = b.guard.Do(context.Background(), r, w.work)
+			require.ErrorIs(t, err, idem.ErrInProgress)
+			require.Equal(t, idem.OutcomeInProgress, out)
+			require.EqualValues(t, 1, w.n.Load())
+		})
+	}
+}
+
+func TestNewValidation(t *testing.T) {
+	_, err := idem.New(nil, nil)
+	require.Error(t, err)
+	b := setup(t, "table")
+	_, err = idem.New(b.store, &idem.Config{StoreTimeout: -1})
+	require.ErrorContains(t, err, "Config.StoreTimeout")
+	_, err = idem.New(b.store, &idem.Config{WorkTimeout: -1})
+	require.ErrorContains(t, err, "Config.WorkTimeout")
+	g, err := idem.New(b.store, nil)
+	require.NoError(t, err)
+	require.Equal(t, idem.StrategyTable, g.Strategy())
+	_, _, err = g.Do(context.Background(), req("u", "k", "x"), nil)
+	require.Error(t, err)
+}
+
+func TestOutcomeString(t *testing.T) {
+	require.Equal(t, "executed", idem.OutcomeExecuted.String())
+	require.Equal(t, "in_progress", idem.OutcomeInProgress.String())
+	require.Equal(t, "outcome(42)", idem.Outcome(42).String())
+	require.True(t, idem.OutcomeExecutedPending.Executed())
+	require.False(t, idem.OutcomeReplayed.Executed())
+}

@@ -1,0 +1,290 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+)
+
+// ScopeFunc returns the authenticated caller of r (for example the user id
+// that an authentication middleware stored in r's context). It reports false
+// when r is not authenticated; the middleware then refuses the request and
+// never falls back to a shared namespace.
+type ScopeFunc func(r *http.Request) (scope string, ok bool)
+
+// Option configures the middleware.
+type Option func(*middleware)
+
+// Middleware defaults.
+const (
+	DefaultMaxRequestBody  = 1 << 20 // 1 MiB
+	DefaultMaxResponseBody = 1 << 20 // 1 MiB
+)
+
+// DefaultStoredHeaders are the response headers stored and replayed unless
+// WithStoredHeaders says otherwise: the ones a client acts on.
+var DefaultStoredHeaders = []string{
+	"Location", "Content-Type", "Content-Language", "Content-Encoding",
+	"Content-Location", "ETag", "Last-Modified",
+}
+
+// neverStored headers are dropped even when listed: credentials, cookies,
+// per-connection framing.
+var neverStored = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Proxy-Connection": true, "Content-Length": true, HeaderReplayed: true,
+}
+
+// WithMethods sets the methods that are guarded; others pass through
+// untouched. Defaults to POST and PATCH.
+func WithMethods(methods ...string) Option {
+	return func(m *middleware) {
+		m.methods = map[string]bool{}
+		for _, x := range methods {
+			m.methods[x] = true
+		}
+	}
+}
+
+// WithOptionalKey lets requests without an Idempotency-Key header through,
+// unguarded. By default a missing key is refused with 400.
+func WithOptionalKey() Option { return func(m *middleware) { m.optional = true } }
+
+// WithMaxRequestBody sets how many body bytes are read and fingerprinted;
+// larger requests get 413 and the handler is not called. Defaults to 1 MiB.
+func WithMaxRequestBody(n int64) Option { return func(m *middleware) { m.maxBody = n } }
+
+// WithMaxResponseBody sets the largest answer body that is stored. A larger
+// answer is delivered but not stored: see Middleware. Defaults to 1 MiB.
+func WithMaxResponseBody(n int) Option { return func(m *middleware) { m.maxResp = n } }
+
+// WithStoredHeaders replaces the allowlist of response headers that are stored
+// and replayed. Set-Cookie, Authorization, Content-Length and hop-by-hop
+// headers are never stored, even when listed. Defaults to
+// DefaultStoredHeaders.
+func WithStoredHeaders(names ...string) Option {
+	return func(m *middleware) {
+		m.stored = m.stored[:0:0]
+		for _, n := range names {
+			c := http.CanonicalHeaderKey(n)
+			if !neverStored[c] {
+				m.stored = append(m.stored, c)
+			}
+		}
+	}
+}
+
+// WithProblemBase sets the URI that problem type slugs are appended to.
+// Defaults to DefaultProblemBase.
+func WithProblemBase(base string) Option { return func(m *middleware) { m.base = base } }
+
+// WithProblemRenderer replaces how problems are written. Defaults to
+// RenderProblem.
+func WithProblemRenderer(fn ProblemRenderer) Option { return func(m *middleware) { m.render = fn } }
+
+// WithUnauthenticatedStatus sets the status sent when the ScopeFunc finds no
+// caller. Defaults to 401.
+func WithUnauthenticatedStatus(code int) Option { return func(m *middleware) { m.noScope = code } }
+
+type middleware struct {
+	g        *Guard
+	scope    ScopeFunc
+	next     http.Handler
+	methods  map[string]bool
+	optional bool
+	maxBody  int64
+	maxResp  int
+	stored   []string
+	base     string
+	render   ProblemRenderer
+	noScope  int
+}
+
+// Middleware returns net/http middleware (usable with http.ServeMux, chi and
+// any router taking func(http.Handler) http.Handler) that guards requests
+// with g.
+//
+// For each guarded request (POST and PATCH by default) it parses the
+// Idempotency-Key header (see ParseKey), asks scope for the caller, reads the
+// body up to the limit and fingerprints method, target and body
+// (HashRequest). The handler receives the body unchanged. The handler's
+// answer is written through to the client as it is produced and captured:
+// status, body and the allowlisted headers. A retry is answered with the
+// stored status, headers and body, byte for byte, plus "Idempotent-Replayed:
+// true".
+//
+// Refusals are RFC 9457 problems: 400 for a missing or invalid key or an
+// unreadable body, 401 without a caller, 413 for an oversized body, 409 with
+// Retry-After: 1 while in progress, 422 for a reused key, 503 when the store
+// is unavailable. Internal error text goes to the Guard's logger, never to the
+// client.
+//
+// WARNING: an answer that the handler flushes (streams), hijacks, or that is
+// larger than the response limit is delivered but not stored. Its key stays in
+// progress, exactly like a 5xx: retries get 409 until the key is settled,
+// released, or expires. Do not guard streaming endpoints.
+func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) http.Handler {
+	if scope == nil {
+		panic("idem: Middleware needs a ScopeFunc")
+	}
+	base := middleware{
+		g:       g,
+		scope:   scope,
+		methods: map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		maxBody: DefaultMaxRequestBody,
+		maxResp: DefaultMaxResponseBody,
+		base:    DefaultProblemBase,
+		render:  RenderProblem,
+		noScope: http.StatusUnauthorized,
+	}
+	WithStoredHeaders(DefaultStoredHeaders...)(&base)
+	for _, o := range opts {
+		o(&base)
+	}
+	return func(next http.Handler) http.Handler {
+		m := base
+		m.next = next
+		return &m
+	}
+}
+
+func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int, slug, detail string, cause error) {
+	p := Problem{
+		Type: m.base + slug, Title: problemTitles[slug], Status: status, Detail: detail,
+		Slug: slug, Err: cause,
+	}
+	if slug == ProblemInProgress {
+		p.RetryAfter = RetryAfter
+	}
+	if cause != nil && status >= 500 {
+		m.g.log.LogAttrs(r.Context(), slog.LevelError, "idem: request refused",
+			slog.Int("status", status), slog.String("problem", slug), slog.Any("error", cause))
+	}
+	m.render(w, r, p)
+}
+
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !m.methods[r.Method] {
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(HeaderKey)
+	if len(values) == 0 && m.optional {
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	scope, ok := m.scope(r)
+	if !ok || scope == "" {
+		m.problem(w, r, m.noScope, ProblemUnauthenticated, "This request needs an authenticated caller.", nil)
+		return
+	}
+	key, err := ParseKey(values)
+	if err != nil {
+		if errors.Is(err, ErrKeyMissing) {
+			m.problem(w, r, http.StatusBadRequest, ProblemKeyMissing,
+				"Send an Idempotency-Key header with a unique value (e.g. a UUID) per intent.", nil)
+			return
+		}
+		var ke *KeyError
+		detail := "The Idempotency-Key header is invalid."
+		if errors.As(err, &ke) {
+			detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
+		}
+		m.problem(w, r, http.StatusBadRequest, ProblemKeyInvalid, detail, nil)
+		return
+	}
+	body, status := m.readBody(r)
+	if status != 0 {
+		if status == http.StatusRequestEntityTooLarge {
+			m.problem(w, r, status, ProblemBodyTooLarge,
+				fmt.Sprintf("The request body is larger than %d bytes.", m.maxBody), nil)
+		} else {
+			m.problem(w, r, status, ProblemBodyInvalid, "The request body could not be read completely.", nil)
+		}
+		return
+	}
+	req := Request{Scope: scope, Key: key, Fingerprint: HashRequest(r.Method, r.URL.RequestURI(), body)}
+
+	var rec *recorder
+	resp, out, err := m.g.Do(r.Context(), req, func(ctx context.Context) (Response, error) {
+		rec = newRecorder(w, m.stored, m.maxResp)
+		r2 := r.WithContext(ctx)
+		r2.Body = io.NopCloser(bytes.NewReader(body))
+		r2.ContentLength = int64(len(body))
+		m.next.ServeHTTP(rec, r2)
+		return rec.result()
+	})
+	switch out {
+	case OutcomeExecuted, OutcomeExecutedPending, OutcomeExecutedReleased:
+		// Already written through to the client by the recorder.
+		if errors.Is(err, errNotStorable) {
+			m.g.log.LogAttrs(r.Context(), slog.LevelWarn, "idem: answer delivered but not stored (streamed, hijacked or too large); key left in progress",
+				slog.String("key_hash", keyHash(req)))
+		}
+	case OutcomeReplayed:
+		writeReplay(w, resp)
+	case OutcomeInProgress:
+		m.problem(w, r, http.StatusConflict, ProblemInProgress,
+			"A request with this Idempotency-Key is being processed or its outcome is not yet known. Retry later.", nil)
+	case OutcomeKeyReused:
+		m.problem(w, r, http.StatusUnprocessableEntity, ProblemKeyReused,
+			"This Idempotency-Key was used with a different request. Use a new key for a new intent.", nil)
+	default:
+		if errors.Is(err, ErrInvalidRequest) {
+			m.problem(w, r, http.StatusBadRequest, ProblemKeyInvalid, "The Idempotency-Key header is invalid.", err)
+			return
+		}
+		m.problem(w, r, http.StatusServiceUnavailable, ProblemServiceUnavailable,
+			"The request was not processed. Retry later with the same Idempotency-Key.", err)
+	}
+}
+
+// readBody reads the whole body up to the limit. A non-zero status means the
+// request must be refused.
+func (m *middleware) readBody(r *http.Request) ([]byte, int) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, 0
+	}
+	if r.ContentLength > m.maxBody {
+		return nil, http.StatusRequestEntityTooLarge
+	}
+	size := int64(512)
+	if r.ContentLength > 0 {
+		size = r.ContentLength + 1 // +1: read to EOF without growing
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, m.maxBody+1))
+	if n > m.maxBody {
+		return nil, http.StatusRequestEntityTooLarge
+	}
+	if err != nil {
+		return nil, http.StatusBadRequest
+	}
+	return buf.Bytes(), 0
+}
+
+func writeReplay(w http.ResponseWriter, resp Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Set(HeaderReplayed, "true")
+	if bodyAllowed(resp.Status) {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	w.WriteHeader(resp.Status)
+	if bodyAllowed(resp.Status) {
+		_, _ = w.Write(resp.Body)
+	}
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}

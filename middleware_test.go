@@ -1,0 +1,354 @@
+package idem_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+)
+
+// bearerScope is the tests' authentication: "Authorization: Bearer <user>".
+func bearerScope(r *http.Request) (string, bool) {
+	return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+}
+
+// orderHandler answers like a checkout: 201 with Location, a cookie that
+// must never be replayed, and the body it received echoed back.
+type orderHandler struct {
+	calls atomic.Int32
+}
+
+func (h *orderHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := h.calls.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	if bytes.Contains(body, []byte("pm_declined")) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusPaymentRequired)
+		_, _ = w.Write([]byte(`{"title":"card declined"}`))
+		return
+	}
+	if bytes.Contains(body, []byte("pm_timeout")) {
+		w.WriteHeader(http.StatusGatewayTimeout)
+		return
+	}
+	w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Set-Cookie", "session=secret")
+	w.Header().Set("X-Request-Id", fmt.Sprint("req-", n))
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"order":%d,"echo":%q}`, n, body)
+}
+
+type httpBundle struct {
+	bundle
+	srv     *httptest.Server
+	handler *orderHandler
+}
+
+func setupHTTP(t *testing.T, strategy string, next http.Handler, opts ...idem.Option) httpBundle {
+	t.Helper()
+	b := setup(t, strategy)
+	h, _ := next.(*orderHandler)
+	if next == nil {
+		h = &orderHandler{}
+		next = h
+	}
+	srv := httptest.NewServer(b.guard.Middleware(bearerScope, opts...)(next))
+	t.Cleanup(srv.Close)
+	return httpBundle{bundle: b, srv: srv, handler: h}
+}
+
+type call struct {
+	method, path, user, body string
+	keys                     []string
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (a answer) problem(t *testing.T) idem.Problem {
+	t.Helper()
+	require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+	require.Equal(t, "no-store", a.header.Get("Cache-Control"))
+	var p idem.Problem
+	require.NoError(t, json.Unmarshal(a.body, &p))
+	require.Equal(t, a.status, p.Status)
+	return p
+}
+
+func send(t *testing.T, srv *httptest.Server, c call) answer {
+	t.Helper()
+	if c.method == "" {
+		c.method = http.MethodPost
+	}
+	if c.path == "" {
+		c.path = "/orders"
+	}
+	r, err := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader(c.body))
+	require.NoError(t, err)
+	if c.user != "" {
+		r.Header.Set("Authorization", "Bearer "+c.user)
+	}
+	for _, k := range c.keys {
+		r.Header.Add(idem.HeaderKey, k)
+	}
+	resp, err := srv.Client().Do(r)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answer{resp.StatusCode, resp.Header, body}
+}
+
+func TestMiddlewareReplaysByteForByte(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		hb := setupHTTP(t, strategy, nil)
+		c := call{user: "alice", keys: []string{newKey()}, body: `{"hold_ids":[88211,88212],"payment_method":"pm_ok"}`}
+		first := send(t, hb.srv, c)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, "session=secret", first.header.Get("Set-Cookie"))
+		require.Empty(t, first.header.Get(idem.HeaderReplayed))
+		require.Contains(t, string(first.body), `pm_ok`, "the handler got the body unchanged")
+
+		again := send(t, hb.srv, c)
+		require.Equal(t, first.status, again.status)
+		require.Equal(t, first.body, again.body)
+		for _, h := range []string{"Location", "Content-Type"} {
+			require.Equal(t, first.header.Values(h), again.header.Values(h), h)
+		}
+		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+		require.Empty(t, again.header.Get("Set-Cookie"), "cookies are never stored")
+		require.Empty(t, again.header.Get("X-Request-Id"), "only allowlisted headers are stored")
+		require.EqualValues(t, 1, hb.handler.calls.Load())
+
+		// The quoted form of the same key is the same key.
+		quoted := c
+		quoted.keys = []string{`"` + c.keys[0] + `"`}
+		require.Equal(t, first.body, send(t, hb.srv, quoted).body)
+		require.EqualValues(t, 1, hb.handler.calls.Load())
+	})
+}
+
+func TestMiddlewareOutcomes(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		hb := setupHTTP(t, strategy, nil)
+		key := newKey()
+		send(t, hb.srv, call{user: "alice", keys: []string{key}, body: "a"})
+
+		// Same key, other body: 422, never the stored answer.
+		a := send(t, hb.srv, call{user: "alice", keys: []string{key}, body: "b"})
+		require.Equal(t, http.StatusUnprocessableEntity, a.status)
+		require.Equal(t, idem.DefaultProblemBase+idem.ProblemKeyReused, a.problem(t).Type)
+		require.NotContains(t, string(a.body), "order")
+
+		// Same key, other path: also a different request.
+		a = send(t, hb.srv, call{user: "alice", keys: []string{key}, body: "a", path: "/orders?x=1"})
+		require.Equal(t, http.StatusUnprocessableEntity, a.status)
+
+		// Same key, another user: a key nobody has seen.
+		a = send(t, hb.srv, call{user: "bob", keys: []string{key}, body: "a"})
+		require.Equal(t, http.StatusCreated, a.status)
+
+		// 402 is an answer: stored and replayed as 402.
+		k402 := newKey()
+		a = send(t, hb.srv, call{user: "alice", keys: []string{k402}, body: "pm_declined"})
+		require.Equal(t, http.StatusPaymentRequired, a.status)
+		b := send(t, hb.srv, call{user: "alice", keys: []string{k402}, body: "pm_declined"})
+		require.Equal(t, http.StatusPaymentRequired, b.status)
+		require.Equal(t, a.body, b.body)
+		require.Equal(t, "true", b.header.Get(idem.HeaderReplayed))
+
+		// 504 is not: the key stays in progress.
+		k504 := newKey()
+		require.Equal(t, http.StatusGatewayTimeout, send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"}).status)
+		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
+		require.Equal(t, http.StatusConflict, a.status)
+		require.Equal(t, "1", a.header.Get("Retry-After"))
+		require.Equal(t, idem.DefaultProblemBase+idem.ProblemInProgress, a.problem(t).Type)
+
+		require.EqualValues(t, 4, hb.handler.calls.Load())
+	})
+}
+
+func TestMiddlewareRefusals(t *testing.T) {
+	hb := setupHTTP(t, "table", nil)
+	for _, tc := range []struct {
+		name   string
+		c      call
+		status int
+		slug   string
+	}{
+		{"no key", call{user: "u"}, 400, idem.ProblemKeyMissing},
+		{"empty key", call{user: "u", keys: []string{""}}, 400, idem.ProblemKeyInvalid},
+		{"repeated key", call{user: "u", keys: []string{"a", "b"}}, 400, idem.ProblemKeyInvalid},
+		{"long key", call{user: "u", keys: []string{strings.Repeat("k", 256)}}, 400, idem.ProblemKeyInvalid},
+		{"list key", call{user: "u", keys: []string{"a,b"}}, 400, idem.ProblemKeyInvalid},
+		{"no caller", call{keys: []string{"k"}}, 401, idem.ProblemUnauthenticated},
+		{"no caller no key", call{}, 401, idem.ProblemUnauthenticated},
+		{"body too large", call{user: "u", keys: []string{"k"}, body: strings.Repeat("x", idem.DefaultMaxRequestBody+1)}, 413, idem.ProblemBodyTooLarge},
+		{"PATCH guarded", call{method: "PATCH", user: "u"}, 400, idem.ProblemKeyMissing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := send(t, hb.srv, tc.c)
+			require.Equal(t, tc.status, a.status)
+			require.Equal(t, idem.DefaultProblemBase+tc.slug, a.problem(t).Type)
+		})
+	}
+	require.Zero(t, hb.handler.calls.Load(), "no refused request reaches the handler")
+
+	// Methods other than POST and PATCH pass through unguarded.
+	for _, m := range []string{"GET", "PUT", "DELETE"} {
+		a := send(t, hb.srv, call{method: m, path: "/x"})
+		require.Equal(t, http.StatusCreated, a.status, m)
+	}
+	require.EqualValues(t, 3, hb.handler.calls.Load())
+}
+
+// A body that ends before its Content-Length is refused before the handler.
+func TestMiddlewareTruncatedBody(t *testing.T) {
+	b := setup(t, "table")
+	h := &orderHandler{}
+	mw := b.guard.Middleware(bearerScope)(h)
+	r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader("abc"), errReader{}))
+	r.Header.Set("Authorization", "Bearer u")
+	r.Header.Set(idem.HeaderKey, "k")
+	w := httptest.NewRecorder()
+	mw.ServeHTTP(w, r)
+	require.Equal(t, http.StatusBadRequest, w.Code)
+	require.Contains(t, w.Body.String(), idem.ProblemBodyInvalid)
+	require.Zero(t, h.calls.Load())
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+func TestMiddlewareOptions(t *testing.T) {
+	var rendered []idem.Problem
+	hb := setupHTTP(t, "table", nil,
+		idem.WithOptionalKey(),
+		idem.WithMethods("POST", "PUT"),
+		idem.WithProblemBase("https://stagedoor.example/problems/"),
+		idem.WithStoredHeaders("Location", "X-Request-Id", "Set-Cookie"),
+		idem.WithMaxRequestBody(10),
+		idem.WithUnauthenticatedStatus(http.StatusForbidden),
+		idem.WithProblemRenderer(func(w http.ResponseWriter, r *http.Request, p idem.Problem) {
+			rendered = append(rendered, p)
+			idem.RenderProblem(w, r, p)
+		}),
+	)
+	// Optional key: a request without one is not guarded.
+	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{user: "u"}).status)
+	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{user: "u"}).status)
+	require.EqualValues(t, 2, hb.handler.calls.Load())
+
+	key := newKey()
+	first := send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{key}})
+	again := send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{key}})
+	require.Equal(t, first.header.Get("X-Request-Id"), again.header.Get("X-Request-Id"))
+	require.Empty(t, again.header.Get("Set-Cookie"), "Set-Cookie is never stored, even when listed")
+
+	a := send(t, hb.srv, call{user: "u", keys: []string{newKey()}, body: strings.Repeat("x", 11)})
+	require.Equal(t, http.StatusRequestEntityTooLarge, a.status)
+	require.Equal(t, "https://stagedoor.example/problems/request-body-too-large", a.problem(t).Type)
+
+	require.Equal(t, http.StatusForbidden, send(t, hb.srv, call{keys: []string{"k"}}).status)
+	require.Len(t, rendered, 2)
+	require.Equal(t, idem.ProblemUnauthenticated, rendered[1].Slug)
+}
+
+// A streamed or oversized answer is delivered but not stored: the key stays
+// in progress.
+func TestMiddlewareUnstorableAnswers(t *testing.T) {
+	handlers := map[string]http.HandlerFunc{
+		"flushed": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte("part 1;"))
+			w.(http.Flusher).Flush()
+			_, _ = w.Write([]byte("part 2"))
+		},
+		"controller flush": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte("part 1;"))
+			require.NoError(t, http.NewResponseController(w).Flush())
+		},
+		"too large": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write(bytes.Repeat([]byte("x"), 2048))
+		},
+	}
+	for name, h := range handlers {
+		t.Run(name, func(t *testing.T) {
+			var calls atomic.Int32
+			hb := setupHTTP(t, "table", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				h(w, r)
+			}), idem.WithMaxResponseBody(1024))
+			key := newKey()
+			first := send(t, hb.srv, call{user: "u", keys: []string{key}})
+			require.Equal(t, http.StatusOK, first.status)
+			require.NotEmpty(t, first.body, "the answer is delivered")
+			a := send(t, hb.srv, call{user: "u", keys: []string{key}})
+			require.Equal(t, http.StatusConflict, a.status)
+			require.EqualValues(t, 1, calls.Load())
+		})
+	}
+}
+
+// An answer with no explicit Content-Type replays with the type the client
+// first got (net/http sniffs it), and an empty 200 replays as an empty 200.
+func TestMiddlewareImplicitAnswers(t *testing.T) {
+	hb := setupHTTP(t, "table", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/html" {
+			_, _ = w.Write([]byte("<html><body>ok</body></html>"))
+		}
+	}))
+	for _, path := range []string{"/html", "/empty"} {
+		key := newKey()
+		first := send(t, hb.srv, call{user: "u", keys: []string{key}, path: path})
+		again := send(t, hb.srv, call{user: "u", keys: []string{key}, path: path})
+		require.Equal(t, http.StatusOK, again.status)
+		require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"), path)
+		require.Equal(t, first.body, again.body, path)
+		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+	}
+}
+
+// PostgreSQL down: 503 with a problem, no internal error text, handler not run.
+func TestMiddlewareStoreUnavailable(t *testing.T) {
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := durable.New(pool, nil)
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	g, err := idem.New(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	h := &orderHandler{}
+	srv := httptest.NewServer(g.Middleware(bearerScope)(h))
+	defer srv.Close()
+	a := send(t, srv, call{user: "u", keys: []string{"k"}})
+	require.Equal(t, http.StatusServiceUnavailable, a.status)
+	require.Equal(t, idem.DefaultProblemBase+idem.ProblemServiceUnavailable, a.problem(t).Type)
+	require.NotContains(t, string(a.body), "127.0.0.1")
+	require.NotContains(t, string(a.body), "connect")
+	require.Contains(t, logs.String(), "store unavailable", "the cause goes to the log")
+	require.Zero(t, h.calls.Load())
+}
+
+func TestMiddlewareNeedsScopeFunc(t *testing.T) {
+	b := setup(t, "table")
+	require.Panics(t, func() { b.guard.Middleware(nil) })
+}

@@ -1,0 +1,97 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Outcome says what the guard decided for one request.
+type Outcome int
+
+const (
+	// OutcomeNone: nothing was decided and the work did not run (the request
+	// was invalid or the store could not be reached). Do's error says why.
+	OutcomeNone Outcome = iota
+	// OutcomeExecuted: the work ran and its answer is stored; every retry
+	// with the same key and fingerprint is replayed this answer.
+	OutcomeExecuted
+	// OutcomeExecutedPending: the work ran but its answer is not stored: it
+	// was a 5xx or an error ("we don't know yet"), or storing it failed. The
+	// key stays in progress, so retries get ErrInProgress until the key is
+	// settled ([Guard.Settle]) or released ([Guard.Release]), or expires.
+	OutcomeExecutedPending
+	// OutcomeExecutedReleased: the work ran and declared that nothing
+	// happened (a 429, [MarkRetrySafe], or an error wrapping [ErrRetrySafe]);
+	// the key was released and the next retry runs the work again.
+	OutcomeExecutedReleased
+	// OutcomeReplayed: an earlier execution's stored answer was returned and
+	// the work did not run.
+	OutcomeReplayed
+	// OutcomeInProgress: another execution of the key is running or its answer
+	// is unknown; the work did not run. Do returns ErrInProgress.
+	OutcomeInProgress
+	// OutcomeKeyReused: the key was used before with a different fingerprint;
+	// the work did not run. Do returns ErrKeyReused.
+	OutcomeKeyReused
+)
+
+var outcomeNames = [...]string{
+	OutcomeNone:             "none",
+	OutcomeExecuted:         "executed",
+	OutcomeExecutedPending:  "executed_pending",
+	OutcomeExecutedReleased: "executed_released",
+	OutcomeReplayed:         "replayed",
+	OutcomeInProgress:       "in_progress",
+	OutcomeKeyReused:        "key_reused",
+}
+
+// String returns a stable snake_case name, suitable as a metric attribute.
+func (o Outcome) String() string {
+	if o >= 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", int(o))
+}
+
+// Executed reports whether the work ran for this request.
+func (o Outcome) Executed() bool {
+	return o == OutcomeExecuted || o == OutcomeExecutedPending || o == OutcomeExecutedReleased
+}
+
+// RetryAfter is how long a client should wait before retrying a request that
+// got ErrInProgress. The middleware sends it as "Retry-After: 1".
+const RetryAfter = time.Second
+
+// Errors returned by Guard.Do and the middleware's helpers. Compare with
+// errors.Is; returned errors may wrap them with a cause.
+var (
+	// ErrInProgress: the key is claimed and has no answer yet (HTTP 409 with
+	// Retry-After). The work did not run.
+	ErrInProgress = errors.New("idem: request in progress")
+	// ErrKeyReused: the key was first used with a different request (HTTP 422).
+	// The work did not run and the stored answer is not revealed.
+	ErrKeyReused = errors.New("idem: idempotency key reused with a different request")
+	// ErrUnavailable: the store could not decide (PostgreSQL unreachable,
+	// timed out). The guard fails closed: the work did not run (HTTP 503).
+	ErrUnavailable = errors.New("idem: store unavailable")
+	// ErrInvalidRequest: the Request's scope, key or fingerprint is unusable.
+	// The error is a *RequestError naming the field.
+	ErrInvalidRequest = errors.New("idem: invalid request")
+	// ErrRetrySafe can be returned (or wrapped) by the work to declare that it
+	// did nothing that a retry could repeat; the key is released.
+	ErrRetrySafe = errors.New("idem: nothing happened, retry is safe")
+)
+
+// RequestError describes why a Request was refused before anything ran.
+type RequestError struct {
+	Field  string // "Scope", "Key" or "Fingerprint"
+	Reason string
+}
+
+func (e *RequestError) Error() string {
+	return "idem: invalid request: " + e.Field + ": " + e.Reason
+}
+
+// Is makes errors.Is(err, ErrInvalidRequest) true.
+func (e *RequestError) Is(target error) bool { return target == ErrInvalidRequest }
