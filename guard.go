@@ -35,6 +35,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/lock"
 )
@@ -142,11 +144,37 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Logger receives one line per decision worth a human's attention
 	// (fallback to the table claim, store failure, lost lease). Keys are
-	// logged as a short hash, never in clear. Defaults to slog.Default().
+	// logged as a short hash (see KeyHash), never in clear. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
+	// MeterProvider, when set, receives the guard's metrics through the
+	// OpenTelemetry metric API: the counter "idem.events" by event
+	// (executed, replayed, in_progress, key_reused, key_missing, key_invalid,
+	// fallback, released, settled, store_error, lock_lost, double_execution,
+	// cache_hit) and the histogram "idem.phase.duration" of the guard's own
+	// steps (lock, claim, read, store, release). Defaults to nil: no metrics
+	// and no cost beyond the atomic counters behind Stats.
+	MeterProvider metric.MeterProvider
+	// CacheSize, when positive, keeps up to that many finished answers in an
+	// in-process LRU, so that a retry storm on a hot key is replayed (or
+	// refused with ErrKeyReused) without any round trip. In-progress state is
+	// never cached, and an entry never outlives its key's retention in the
+	// store. Defaults to 0: no cache.
+	//
+	// WARNING: an answer deleted from the store by hand is still replayed by
+	// every instance that cached it, for up to CacheTTL.
+	CacheSize int
+	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
+	CacheTTL time.Duration
 }
 
-const defaultStoreTimeout = 5 * time.Second
+const (
+	defaultStoreTimeout = 5 * time.Second
+	defaultCacheTTL     = time.Minute
+	// cacheSkew is subtracted from a key's expiry in the store when caching
+	// its answer, to absorb skew between the database and local clocks.
+	cacheSkew = time.Minute
+)
 
 // Strategy names how a Guard decides who runs.
 type Strategy string
@@ -164,8 +192,14 @@ type Guard struct {
 	workTimeout  time.Duration
 	storeTimeout time.Duration
 	log          *slog.Logger
-	stats        stats
+	retention    time.Duration // the store's, when it tells; bounds cache entries
+	cache        *answerCache  // nil without Config.CacheSize
+	tel          telemetry
 }
+
+// retentionReporter is implemented by stores that tell how long keys live
+// (*durable.Store does).
+type retentionReporter interface{ Retention() time.Duration }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
 // default. Invalid fields are reported by name.
@@ -199,13 +233,32 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Guard{
+	if c.CacheSize < 0 {
+		return nil, fmt.Errorf("idem: Config.CacheSize %d must not be negative", c.CacheSize)
+	}
+	if c.CacheTTL < 0 {
+		return nil, fmt.Errorf("idem: Config.CacheTTL %v must not be negative", c.CacheTTL)
+	}
+	if c.CacheTTL == 0 {
+		c.CacheTTL = defaultCacheTTL
+	}
+	g := &Guard{
 		store:        store,
 		lock:         c.Lock,
 		workTimeout:  c.WorkTimeout,
 		storeTimeout: c.StoreTimeout,
 		log:          c.Logger,
-	}, nil
+	}
+	if r, ok := store.(retentionReporter); ok {
+		g.retention = r.Retention()
+	}
+	if c.CacheSize > 0 {
+		g.cache = newAnswerCache(c.CacheSize, c.CacheTTL)
+	}
+	if err := g.tel.init(c.MeterProvider); err != nil {
+		return nil, fmt.Errorf("idem: Config.MeterProvider: %w", err)
+	}
+	return g, nil
 }
 
 // Strategy reports the guard's strategy.
@@ -232,6 +285,17 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outco
 	if work == nil {
 		return Response{}, OutcomeNone, errors.New("idem: nil work")
 	}
+	if g.cache != nil {
+		if e, ok := g.cache.get(req); ok {
+			if e.fp != req.Fingerprint {
+				g.tel.add(ctx, evKeyReused)
+				return Response{}, OutcomeKeyReused, ErrKeyReused
+			}
+			g.tel.add(ctx, evCacheHit)
+			g.tel.add(ctx, evReplayed)
+			return cloneResponse(e.resp), OutcomeReplayed, nil
+		}
+	}
 	if g.lock != nil {
 		return g.doHybrid(ctx, req, work)
 	}
@@ -242,17 +306,19 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outco
 func (g *Guard) doTable(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	owner := newToken()
 	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
+	t0 := g.tel.start()
 	rec, claimed, err := g.store.Claim(sctx, durable.ClaimParams{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner,
 	})
+	g.tel.since(ctx, phaseClaim, t0)
 	cancel()
 	if err != nil {
 		return g.storeFailed(ctx, req, "claim", err)
 	}
 	if !claimed {
-		return g.decide(req, rec)
+		return g.decide(ctx, req, rec)
 	}
-	x := &execution{g: g, req: req, owner: owner, mode: StrategyTable}
+	x := &execution{g: g, req: req, owner: owner, mode: StrategyTable, createdAt: rec.CreatedAt}
 	return x.run(ctx, g.workContext, work)
 }
 
@@ -261,13 +327,14 @@ func (g *Guard) doTable(ctx context.Context, req Request, work Work) (Response, 
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	start := time.Now()
 	lease, err := g.lock.Obtain(ctx, req.Scope, req.Key)
+	g.tel.since(ctx, phaseLock, start)
 	switch {
 	case errors.Is(err, lock.ErrNotObtained):
 		// Somebody runs it now, or ran it and still holds the lease: the
 		// durable row tells which.
 		return g.readDecide(ctx, req)
 	case errors.Is(err, lock.ErrUnavailable):
-		g.stats.fallbacks.Add(1)
+		g.tel.add(ctx, evFallback)
 		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: redis unavailable, falling back to the table claim",
 			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 		return g.doTable(ctx, req, work)
@@ -285,9 +352,12 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
 		defer cancel()
-		if err := lease.Release(rctx); err != nil {
+		t0 := g.tel.start()
+		err := lease.Release(rctx)
+		g.tel.since(ctx, phaseRelease, t0)
+		if err != nil {
 			if errors.Is(err, lock.ErrNotHeld) {
-				g.stats.lockLost.Add(1)
+				g.tel.add(ctx, evLockLost)
 				g.log.LogAttrs(ctx, slog.LevelError, "idem: lease expired before it was released",
 					slog.String("key_hash", keyHash(req)))
 				return
@@ -314,7 +384,7 @@ func (g *Guard) readDecide(ctx context.Context, req Request) (Response, Outcome,
 		return resp, out, err
 	}
 	// Lease held, no row: the holder is running the work right now.
-	g.stats.inProgress.Add(1)
+	g.tel.add(ctx, evInProgress)
 	return Response{}, OutcomeInProgress, ErrInProgress
 }
 
@@ -322,7 +392,9 @@ func (g *Guard) readDecide(ctx context.Context, req Request) (Response, Outcome,
 // request.
 func (g *Guard) readExisting(ctx context.Context, req Request) (Response, Outcome, error, bool) {
 	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
+	t0 := g.tel.start()
 	rec, err := g.store.Get(sctx, req.Scope, req.Key)
+	g.tel.since(ctx, phaseRead, t0)
 	cancel()
 	switch {
 	case errors.Is(err, durable.ErrNotFound):
@@ -331,24 +403,42 @@ func (g *Guard) readExisting(ctx context.Context, req Request) (Response, Outcom
 		resp, out, err := g.storeFailed(ctx, req, "read", err)
 		return resp, out, err, true
 	}
-	resp, out, err := g.decide(req, rec)
+	resp, out, err := g.decide(ctx, req, rec)
 	return resp, out, err, true
 }
 
 // decide answers a request whose key already has a row: a different
 // fingerprint first (422, whatever the row's state), then no answer yet (409),
 // else replay.
-func (g *Guard) decide(req Request, rec durable.Record) (Response, Outcome, error) {
+func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record) (Response, Outcome, error) {
 	switch {
 	case rec.Fingerprint != req.Fingerprint:
-		g.stats.keyReused.Add(1)
+		g.tel.add(ctx, evKeyReused)
 		return Response{}, OutcomeKeyReused, ErrKeyReused
 	case rec.Answer == nil:
-		g.stats.inProgress.Add(1)
+		g.tel.add(ctx, evInProgress)
 		return Response{}, OutcomeInProgress, ErrInProgress
 	}
-	g.stats.replayed.Add(1)
-	return Response(*rec.Answer), OutcomeReplayed, nil
+	g.tel.add(ctx, evReplayed)
+	resp := Response(*rec.Answer)
+	g.remember(req, resp, rec.CreatedAt)
+	return resp, OutcomeReplayed, nil
+}
+
+// remember caches a finished answer of a key created at createdAt (database
+// clock), so that it leaves the cache before the key expires in the store.
+func (g *Guard) remember(req Request, resp Response, createdAt time.Time) {
+	if g.cache == nil {
+		return
+	}
+	var by time.Time
+	if g.retention > 0 {
+		if createdAt.IsZero() {
+			createdAt = time.Now()
+		}
+		by = createdAt.Add(g.retention - cacheSkew)
+	}
+	g.cache.put(req, cloneResponse(resp), by)
 }
 
 func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
@@ -358,7 +448,7 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 	if errors.Is(err, durable.ErrInvalid) {
 		return Response{}, OutcomeNone, &RequestError{Field: "Key", Reason: "refused by the store"}
 	}
-	g.stats.storeErrors.Add(1)
+	g.tel.add(ctx, evStoreError)
 	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
 		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(ErrUnavailable, err))
@@ -389,7 +479,9 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, resp Response) er
 	if err := g.store.Settle(ctx, scope, key, durable.Answer(resp)); err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
-	g.stats.settled.Add(1)
+	g.tel.add(ctx, evSettled)
+	g.log.LogAttrs(ctx, slog.LevelInfo, "idem: key settled",
+		slog.String("key_hash", KeyHash(scope, key)), slog.Int("status", resp.Status))
 	return nil
 }
 
@@ -401,7 +493,9 @@ func (g *Guard) Release(ctx context.Context, scope, key string) error {
 	if err := g.store.ReleaseInProgress(ctx, scope, key); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
-	g.stats.released.Add(1)
+	g.tel.add(ctx, evReleased)
+	g.log.LogAttrs(ctx, slog.LevelInfo, "idem: key released",
+		slog.String("key_hash", KeyHash(scope, key)))
 	return nil
 }
 
@@ -412,24 +506,44 @@ func (g *Guard) Release(ctx context.Context, scope, key string) error {
 // in progress, and the next retry runs. It reports false, and does nothing,
 // when ctx does not belong to a guarded execution.
 func MarkRetrySafe(ctx context.Context) bool {
-	x, ok := ctx.Value(executionKey{}).(*execution)
-	if !ok {
+	x := executionFrom(ctx)
+	if x == nil {
 		return false
 	}
 	x.retrySafe.Store(true)
 	return true
 }
 
+// RequestFromContext returns the Request of the guarded execution that ctx
+// belongs to (the work's context, or the request context a guarded HTTP
+// handler receives). Handlers use it to derive stable identifiers with
+// DeriveID.
+func RequestFromContext(ctx context.Context) (Request, bool) {
+	x := executionFrom(ctx)
+	if x == nil {
+		return Request{}, false
+	}
+	return x.req, true
+}
+
 type executionKey struct{}
+
+func executionFrom(ctx context.Context) *execution {
+	x, _ := ctx.Value(executionKey{}).(*execution)
+	return x
+}
 
 // execution is one run of the work under a claim (table) or a lease (hybrid).
 type execution struct {
 	g         *Guard
 	req       Request
 	owner     durable.Token
-	mode      Strategy
-	retrySafe atomic.Bool
-	keepLease bool // hybrid: the durable row could not be written
+	mode      Strategy    // how the key was claimed: table (incl. hybrid fallback) or hybrid
+	createdAt time.Time   // table: the claimed row's created_at
+	retrySafe atomic.Bool // MarkRetrySafe was called
+	joined    atomic.Bool // Complete wrote the answer through the caller's transaction
+	stored    []string    // middleware: the header allowlist, applied by Complete
+	keepLease bool        // hybrid: the durable row could not be written
 }
 
 type disp int
@@ -448,7 +562,9 @@ func disposition(resp Response, err error) disp {
 		return dispPending
 	case resp.Status == http.StatusTooManyRequests:
 		return dispRelease
-	case resp.Status < 100 || resp.Status >= 500:
+	case resp.Status < 100 || resp.Status >= 600:
+		return dispPending
+	case resp.Status >= 500:
 		return dispPending
 	}
 	return dispStore
@@ -466,6 +582,12 @@ func (x *execution) run(ctx context.Context, bound func(context.Context) (contex
 	resp, err = work(wctx)
 	panicked = false
 
+	if x.joined.Load() {
+		if out, ok := x.joinedOutcome(ctx, resp); ok {
+			return resp, out, err
+		}
+		// The caller's transaction did not commit: decide as usual.
+	}
 	d := disposition(resp, err)
 	if x.retrySafe.Load() {
 		d = dispRelease
@@ -473,65 +595,98 @@ func (x *execution) run(ctx context.Context, bound func(context.Context) (contex
 	switch d {
 	case dispRelease:
 		x.abandon(ctx)
-		x.g.stats.released.Add(1)
+		x.g.tel.add(ctx, evReleased)
 		return resp, OutcomeExecutedReleased, err
 	case dispPending:
-		x.g.stats.pending.Add(1)
+		x.g.tel.add(ctx, evPending)
 		if x.mode == StrategyHybrid {
 			// Leave a durable in-progress row, so retries get 409 after the
 			// lease is gone, until reconciliation settles the key.
 			x.insert(ctx, nil)
 		}
-		if err == nil && resp.Status < 100 {
+		if err == nil && (resp.Status < 100 || resp.Status >= 600) {
 			err = fmt.Errorf("idem: work returned invalid status %d", resp.Status)
 		}
 		return resp, OutcomeExecutedPending, err
 	}
 	a := durable.Answer(resp)
+	createdAt := x.createdAt
 	if x.mode == StrategyHybrid {
-		if !x.insert(ctx, &a) {
+		rec, ok := x.insert(ctx, &a)
+		if !ok {
 			return resp, OutcomeExecutedPending, nil
 		}
+		createdAt = rec.CreatedAt
 	} else {
 		sctx, cancel := x.g.storeContext(ctx)
+		t0 := x.g.tel.start()
 		cerr := x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
+		x.g.tel.since(ctx, phaseStore, t0)
 		cancel()
 		if cerr != nil {
 			x.storeFailed(ctx, "complete", cerr)
 			return resp, OutcomeExecutedPending, nil
 		}
 	}
-	x.g.stats.executed.Add(1)
+	x.g.tel.add(ctx, evExecuted)
+	x.g.remember(x.req, resp, createdAt)
 	return resp, OutcomeExecuted, nil
+}
+
+// joinedOutcome checks, after the work returned, whether the answer it wrote
+// through its own transaction (Complete) is committed. ok is false when it is
+// not (the transaction rolled back), and the work's result is then handled as
+// if Complete had not been called.
+func (x *execution) joinedOutcome(ctx context.Context, resp Response) (Outcome, bool) {
+	sctx, cancel := x.g.storeContext(ctx)
+	defer cancel()
+	rec, err := x.g.store.Get(sctx, x.req.Scope, x.req.Key)
+	switch {
+	case err == nil && rec.Owner == x.owner && rec.Answer != nil:
+		x.g.tel.add(ctx, evExecuted)
+		x.g.remember(x.req, Response(*rec.Answer), rec.CreatedAt)
+		return OutcomeExecuted, true
+	case err != nil && !errors.Is(err, durable.ErrNotFound):
+		// Cannot tell whether the caller's transaction committed: keep the
+		// key in progress (and the hybrid's lease) rather than risk a
+		// second execution.
+		x.keepLease = true
+		x.storeFailed(ctx, "read joined answer", err)
+		x.g.tel.add(ctx, evPending)
+		return OutcomeExecutedPending, true
+	}
+	return OutcomeNone, false
 }
 
 // insert writes the hybrid's durable row: finished with a, in progress with
 // nil. It reports whether the row was written.
-func (x *execution) insert(ctx context.Context, a *durable.Answer) bool {
+func (x *execution) insert(ctx context.Context, a *durable.Answer) (durable.Record, bool) {
 	sctx, cancel := x.g.storeContext(ctx)
 	defer cancel()
-	_, err := x.g.store.Insert(sctx, durable.ClaimParams{
+	t0 := x.g.tel.start()
+	rec, err := x.g.store.Insert(sctx, durable.ClaimParams{
 		Scope: x.req.Scope, Key: x.req.Key, Fingerprint: x.req.Fingerprint, Owner: x.owner,
 	}, a)
+	x.g.tel.since(ctx, phaseStore, t0)
 	if err == nil {
-		return true
+		return rec, true
 	}
 	if errors.Is(err, durable.ErrExists) {
 		// Another execution wrote the row while we held the lease: the lease
 		// expired under us, or Redis lost it. Exactly-once was broken for this
 		// key; make it loud.
-		x.g.stats.doubleExecutions.Add(1)
+		x.g.tel.add(ctx, evDoubleExecution)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: row written by another execution while the lease was held; the work may have run twice",
 			slog.String("key_hash", keyHash(x.req)))
-		return false
+		return durable.Record{}, false
 	}
 	x.keepLease = true
 	x.storeFailed(ctx, "insert", err)
-	return false
+	return durable.Record{}, false
 }
 
 func (x *execution) storeFailed(ctx context.Context, op string, err error) {
-	x.g.stats.storeErrors.Add(1)
+	x.g.tel.add(ctx, evStoreError)
 	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer not stored; the key stays in progress until settled or expired",
 		slog.String("op", op), slog.String("strategy", string(x.mode)),
 		slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
@@ -547,7 +702,7 @@ func (x *execution) abandon(ctx context.Context) {
 	sctx, cancel := x.g.storeContext(ctx)
 	defer cancel()
 	if err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner); err != nil {
-		x.g.stats.storeErrors.Add(1)
+		x.g.tel.add(ctx, evStoreError)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",
 			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 	}

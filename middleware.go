@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 )
 
 // ScopeFunc returns the authenticated caller of r (for example the user id
@@ -188,10 +187,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, err := ParseKey(values)
 	if err != nil {
 		if errors.Is(err, ErrKeyMissing) {
+			m.g.tel.add(r.Context(), evKeyMissing)
 			m.problem(w, r, http.StatusBadRequest, ProblemKeyMissing,
 				"Send an Idempotency-Key header with a unique value (e.g. a UUID) per intent.", nil)
 			return
 		}
+		m.g.tel.add(r.Context(), evKeyInvalid)
 		var ke *KeyError
 		detail := "The Idempotency-Key header is invalid."
 		if errors.As(err, &ke) {
@@ -214,6 +215,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rec *recorder
 	resp, out, err := m.g.Do(r.Context(), req, func(ctx context.Context) (Response, error) {
+		if x := executionFrom(ctx); x != nil {
+			x.stored = m.stored // Complete stores only the allowlisted headers
+		}
 		rec = newRecorder(w, m.stored, m.maxResp)
 		r2 := r.WithContext(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(body))
@@ -271,18 +275,8 @@ func (m *middleware) readBody(r *http.Request) ([]byte, int) {
 }
 
 func writeReplay(w http.ResponseWriter, resp Response) {
-	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = v
-	}
-	h.Set(HeaderReplayed, "true")
-	if bodyAllowed(resp.Status) {
-		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	}
-	w.WriteHeader(resp.Status)
-	if bodyAllowed(resp.Status) {
-		_, _ = w.Write(resp.Body)
-	}
+	w.Header().Set(HeaderReplayed, "true")
+	WriteResponse(w, resp)
 }
 
 func bodyAllowed(status int) bool {

@@ -1,9 +1,14 @@
 package idem
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemguard/idem/durable"
 )
@@ -13,30 +18,141 @@ import (
 type Stats struct {
 	Executed         uint64 // work ran, answer stored
 	Pending          uint64 // work ran, answer unknown or not stored: key left in progress
-	Released         uint64 // work declared nothing happened, or Guard.Release
-	Replayed         uint64 // stored answer returned
+	Released         uint64 // keys released: work declared nothing happened, or Guard.Release
+	Replayed         uint64 // stored answer returned (from the store or the cache)
 	InProgress       uint64 // refused with ErrInProgress
 	KeyReused        uint64 // refused with ErrKeyReused
+	KeyMissing       uint64 // middleware: request without Idempotency-Key refused
+	KeyInvalid       uint64 // middleware: unusable Idempotency-Key refused
 	Settled          uint64 // Guard.Settle calls that stored an answer
 	Fallbacks        uint64 // hybrid requests that fell back to the table claim (Redis unavailable)
 	StoreErrors      uint64 // store calls that failed (claim, read, complete, insert, release)
 	LockLost         uint64 // hybrid leases found expired when released
 	DoubleExecutions uint64 // hybrid rows found already written after the work ran
+	CacheHits        uint64 // answers served by the local cache, without a round trip
 }
 
-type stats struct {
-	executed, pending, released, replayed, inProgress, keyReused, settled,
-	fallbacks, storeErrors, lockLost, doubleExecutions atomic.Uint64
+// event is something the Guard counts, in Stats and as a metric.
+type event int
+
+const (
+	evExecuted event = iota
+	evPending
+	evReleased
+	evReplayed
+	evInProgress
+	evKeyReused
+	evKeyMissing
+	evKeyInvalid
+	evSettled
+	evFallback
+	evStoreError
+	evLockLost
+	evDoubleExecution
+	evCacheHit
+	numEvents
+)
+
+var eventNames = [numEvents]string{
+	evExecuted: "executed", evPending: "executed_pending", evReleased: "released",
+	evReplayed: "replayed", evInProgress: "in_progress", evKeyReused: "key_reused",
+	evKeyMissing: "key_missing", evKeyInvalid: "key_invalid", evSettled: "settled",
+	evFallback: "fallback", evStoreError: "store_error", evLockLost: "lock_lost",
+	evDoubleExecution: "double_execution", evCacheHit: "cache_hit",
+}
+
+// phase is a timed step of the guard's own work.
+type phase int
+
+const (
+	phaseLock    phase = iota // Redis SET NX
+	phaseClaim                // PostgreSQL claim (table)
+	phaseRead                 // PostgreSQL read (hybrid, after the lock)
+	phaseStore                // PostgreSQL write of the answer
+	phaseRelease              // Redis lease release
+	numPhases
+)
+
+var phaseNames = [numPhases]string{"lock", "claim", "read", "store", "release"}
+
+// telemetry holds the counters behind Stats and, when a MeterProvider is
+// configured, the OpenTelemetry instruments. Without a MeterProvider it costs
+// one atomic add per event and nothing else.
+type telemetry struct {
+	counts  [numEvents]atomic.Uint64
+	enabled bool
+	events  metric.Int64Counter
+	phases  metric.Float64Histogram
+	evOpts  [numEvents]metric.AddOption
+	phOpts  [numPhases]metric.RecordOption
+}
+
+// Instrument names, for dashboards.
+const (
+	MetricEvents = "idem.events"         // counter; attribute "event": executed, replayed, in_progress, ...
+	MetricPhase  = "idem.phase.duration" // histogram in seconds; attribute "phase": lock, claim, read, store, release
+)
+
+func (t *telemetry) init(mp metric.MeterProvider) error {
+	if mp == nil {
+		return nil
+	}
+	m := mp.Meter("github.com/idemguard/idem")
+	var err error
+	t.events, err = m.Int64Counter(MetricEvents,
+		metric.WithDescription("Decisions and incidents of the idempotency guard, by event."),
+		metric.WithUnit("{event}"))
+	if err != nil {
+		return err
+	}
+	t.phases, err = m.Float64Histogram(MetricPhase,
+		metric.WithDescription("Duration of the guard's own steps (lock, claim, read, store, release)."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+	if err != nil {
+		return err
+	}
+	for i := range t.evOpts {
+		t.evOpts[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("event", eventNames[i])))
+	}
+	for i := range t.phOpts {
+		t.phOpts[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("phase", phaseNames[i])))
+	}
+	t.enabled = true
+	return nil
+}
+
+func (t *telemetry) add(ctx context.Context, e event) {
+	t.counts[e].Add(1)
+	if t.enabled {
+		t.events.Add(ctx, 1, t.evOpts[e])
+	}
+}
+
+// start returns the time a phase starts, or the zero time when no metrics
+// are recorded (so that nothing is measured for nothing).
+func (t *telemetry) start() time.Time {
+	if !t.enabled {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (t *telemetry) since(ctx context.Context, p phase, start time.Time) {
+	if t.enabled {
+		t.phases.Record(ctx, time.Since(start).Seconds(), t.phOpts[p])
+	}
 }
 
 // Stats returns a snapshot of the counters. Safe to call concurrently.
 func (g *Guard) Stats() Stats {
-	s := &g.stats
+	c := &g.tel.counts
 	return Stats{
-		Executed: s.executed.Load(), Pending: s.pending.Load(), Released: s.released.Load(),
-		Replayed: s.replayed.Load(), InProgress: s.inProgress.Load(), KeyReused: s.keyReused.Load(),
-		Settled: s.settled.Load(), Fallbacks: s.fallbacks.Load(), StoreErrors: s.storeErrors.Load(),
-		LockLost: s.lockLost.Load(), DoubleExecutions: s.doubleExecutions.Load(),
+		Executed: c[evExecuted].Load(), Pending: c[evPending].Load(), Released: c[evReleased].Load(),
+		Replayed: c[evReplayed].Load(), InProgress: c[evInProgress].Load(), KeyReused: c[evKeyReused].Load(),
+		KeyMissing: c[evKeyMissing].Load(), KeyInvalid: c[evKeyInvalid].Load(),
+		Settled: c[evSettled].Load(), Fallbacks: c[evFallback].Load(), StoreErrors: c[evStoreError].Load(),
+		LockLost: c[evLockLost].Load(), DoubleExecutions: c[evDoubleExecution].Load(), CacheHits: c[evCacheHit].Load(),
 	}
 }
 
@@ -46,9 +162,13 @@ func newToken() durable.Token {
 	return t
 }
 
-// keyHash identifies an intent in logs without revealing the key: the first
-// 8 bytes of its digest, in hex.
-func keyHash(req Request) string {
-	fp := HashParts([]byte(req.Scope), []byte(req.Key))
+// KeyHash identifies an intent in logs without revealing the key: the first
+// 8 bytes of SHA-256 over the length-prefixed scope and key, in hex. Every
+// log line of the guard carries it as "key_hash"; compute it for a known
+// key to find its lines.
+func KeyHash(scope, key string) string {
+	fp := HashParts([]byte(scope), []byte(key))
 	return hex.EncodeToString(fp[:8])
 }
+
+func keyHash(req Request) string { return KeyHash(req.Scope, req.Key) }
