@@ -1,0 +1,157 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
+)
+
+func databaseURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// The middleware on a checkout endpoint, with the hybrid strategy: an
+// in-process miniredis holds the leases, PostgreSQL stores the answers. A
+// retry is replayed, a reused key with another body is refused.
+func ExampleGuard_Middleware() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	// A schema of its own, so the example leaves nothing behind.
+	schema := "idem_example_" + strings.ToLower(rand.Text()[:8])
+	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+	cfg := &durable.Config{Schema: schema}
+	if err := durable.Migrate(ctx, pool, cfg); err != nil {
+		log.Fatal(err)
+	}
+	store, err := durable.New(pool, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	locker, err := lock.New(rdb, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	guard, err := idem.New(store, &idem.Config{
+		Lock:   locker,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	charges := 0
+	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++ // the side effect that must happen once
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", charges))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintln(w, `{"status":"paid"}`)
+	})
+	// Demo authentication: the bearer token is the user id.
+	scope := func(r *http.Request) (string, bool) {
+		return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	}
+	srv := httptest.NewServer(guard.Middleware(scope)(orders))
+	defer srv.Close()
+
+	post := func(key, body string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer user-42")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Printf("%d location=%q replayed=%q\n", resp.StatusCode, resp.Header.Get("Location"), resp.Header.Get("Idempotent-Replayed"))
+	}
+	post("8e03978e-40d5-43e8-bc93-6894a57f9324", `{"hold_ids":[88211]}`)
+	post("8e03978e-40d5-43e8-bc93-6894a57f9324", `{"hold_ids":[88211]}`) // the browser's retry
+	post("8e03978e-40d5-43e8-bc93-6894a57f9324", `{"hold_ids":[99999]}`) // a client bug
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 location="/orders/1" replayed=""
+	// 201 location="/orders/1" replayed="true"
+	// 422 location="" replayed=""
+	// charges: 1
+}
+
+// The transport-agnostic core, as a queue consumer or gRPC interceptor would
+// use it: the work runs once per (scope, key); a 5xx leaves the key in
+// progress until it is settled.
+func ExampleGuard_Do() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	schema := "idem_example_" + strings.ToLower(rand.Text()[:8])
+	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+	cfg := &durable.Config{Schema: schema}
+	if err := durable.Migrate(ctx, pool, cfg); err != nil {
+		log.Fatal(err)
+	}
+	store, err := durable.New(pool, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	guard, err := idem.New(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}) // table strategy
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	msg := []byte(`{"invoice":"inv_1","amount":4200}`)
+	req := idem.Request{Scope: "tenant-7", Key: "msg-1", Fingerprint: idem.HashParts([]byte("invoice.pay"), msg)}
+	pay := func(status int) idem.Work {
+		return func(ctx context.Context) (idem.Response, error) {
+			return idem.Response{Status: status, Body: []byte("paid")}, nil
+		}
+	}
+
+	_, out, _ := guard.Do(ctx, req, pay(http.StatusGatewayTimeout)) // provider timed out
+	fmt.Println(out)
+	_, out, err = guard.Do(ctx, req, pay(http.StatusOK)) // redelivery: unknown yet
+	fmt.Println(out, err)
+	// Reconciliation learned that the payment went through.
+	if err := guard.Settle(ctx, req.Scope, req.Key, idem.Response{Status: http.StatusOK, Body: []byte("paid")}); err != nil {
+		log.Fatal(err)
+	}
+	resp, out, _ := guard.Do(ctx, req, pay(http.StatusOK))
+	fmt.Println(out, resp.Status, string(resp.Body))
+	// Output:
+	// executed_pending
+	// in_progress idem: request in progress
+	// replayed 200 paid
+}
