@@ -137,6 +137,15 @@ type Config struct {
 	// the lease TTL - StoreTimeout - 1s in hybrid mode (24s with the
 	// defaults).
 	WorkTimeout time.Duration
+	// DetachWork runs the work with a context that the caller's cancellation
+	// (a client hanging up) does not reach; it keeps the caller's values and
+	// the WorkTimeout deadline. A charge in flight then finishes and its
+	// answer is stored, instead of ending as an unknown outcome that needs
+	// reconciliation. Defaults to false.
+	//
+	// WARNING: in table mode with no WorkTimeout, detached work is bounded
+	// only by itself.
+	DetachWork bool
 	// StoreTimeout bounds each call to the store and, after the work, the
 	// call that stores its answer (which runs even if the caller's context is
 	// cancelled, so a client that hangs up does not lose the answer).
@@ -190,6 +199,7 @@ type Guard struct {
 	store        Store
 	lock         *lock.Locker
 	workTimeout  time.Duration
+	detach       bool
 	storeTimeout time.Duration
 	log          *slog.Logger
 	retention    time.Duration // the store's, when it tells; bounds cache entries
@@ -246,6 +256,7 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		store:        store,
 		lock:         c.Lock,
 		workTimeout:  c.WorkTimeout,
+		detach:       c.DetachWork,
 		storeTimeout: c.StoreTimeout,
 		log:          c.Logger,
 	}
@@ -446,7 +457,9 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(cerr, err))
 	}
 	if errors.Is(err, durable.ErrInvalid) {
-		return Response{}, OutcomeNone, &RequestError{Field: "Key", Reason: "refused by the store"}
+		// Do validates every field first, so this is a store with stricter
+		// rules than the guard's.
+		return Response{}, OutcomeNone, &RequestError{Field: "Request", Reason: "refused by the store: " + err.Error()}
 	}
 	g.tel.add(ctx, evStoreError)
 	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
@@ -571,7 +584,11 @@ func disposition(resp Response, err error) disp {
 }
 
 func (x *execution) run(ctx context.Context, bound func(context.Context) (context.Context, context.CancelFunc), work Work) (resp Response, out Outcome, err error) {
-	wctx, cancel := bound(context.WithValue(ctx, executionKey{}, x))
+	base := ctx
+	if x.g.detach {
+		base = context.WithoutCancel(ctx)
+	}
+	wctx, cancel := bound(context.WithValue(base, executionKey{}, x))
 	defer cancel()
 	panicked := true
 	defer func() {

@@ -25,11 +25,17 @@ const (
 	DefaultMaxResponseBody = 1 << 20 // 1 MiB
 )
 
-// DefaultStoredHeaders are the response headers stored and replayed unless
-// WithStoredHeaders says otherwise: the ones a client acts on.
-var DefaultStoredHeaders = []string{
-	"Location", "Content-Type", "Content-Language", "Content-Encoding",
-	"Content-Location", "ETag", "Last-Modified",
+// DefaultStoredHeaders returns the response headers stored and replayed
+// unless WithStoredHeaders says otherwise: the ones a client acts on
+// (Location, Content-Type, Content-Language, Content-Encoding,
+// Content-Location, ETag, Last-Modified) and Cache-Control, so that a replayed
+// answer keeps its caching rules (a replayed 402 problem stays "no-store").
+// Each call returns a new slice.
+func DefaultStoredHeaders() []string {
+	return []string{
+		"Location", "Content-Type", "Content-Language", "Content-Encoding",
+		"Content-Location", "ETag", "Last-Modified", "Cache-Control",
+	}
 }
 
 // neverStored headers are dropped even when listed: credentials, cookies,
@@ -67,7 +73,7 @@ func WithMaxResponseBody(n int) Option { return func(m *middleware) { m.maxResp 
 // WithStoredHeaders replaces the allowlist of response headers that are stored
 // and replayed. Set-Cookie, Authorization, Content-Length and hop-by-hop
 // headers are never stored, even when listed. Defaults to
-// DefaultStoredHeaders.
+// DefaultStoredHeaders().
 func WithStoredHeaders(names ...string) Option {
 	return func(m *middleware) {
 		m.stored = m.stored[:0:0]
@@ -92,18 +98,24 @@ func WithProblemRenderer(fn ProblemRenderer) Option { return func(m *middleware)
 // caller. Defaults to 401.
 func WithUnauthenticatedStatus(code int) Option { return func(m *middleware) { m.noScope = code } }
 
+// WithChallenge sets the WWW-Authenticate challenge sent with a 401 problem,
+// e.g. `Bearer realm="checkout"`; RFC 9110 requires one on every 401.
+// Defaults to none.
+func WithChallenge(challenge string) Option { return func(m *middleware) { m.challenge = challenge } }
+
 type middleware struct {
-	g        *Guard
-	scope    ScopeFunc
-	next     http.Handler
-	methods  map[string]bool
-	optional bool
-	maxBody  int64
-	maxResp  int
-	stored   []string
-	base     string
-	render   ProblemRenderer
-	noScope  int
+	g         *Guard
+	scope     ScopeFunc
+	next      http.Handler
+	methods   map[string]bool
+	optional  bool
+	maxBody   int64
+	maxResp   int
+	stored    []string
+	base      string
+	render    ProblemRenderer
+	noScope   int
+	challenge string
 }
 
 // Middleware returns net/http middleware (usable with http.ServeMux, chi and
@@ -143,7 +155,7 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 		render:  RenderProblem,
 		noScope: http.StatusUnauthorized,
 	}
-	WithStoredHeaders(DefaultStoredHeaders...)(&base)
+	WithStoredHeaders(DefaultStoredHeaders()...)(&base)
 	for _, o := range opts {
 		o(&base)
 	}
@@ -161,6 +173,9 @@ func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int,
 	}
 	if slug == ProblemInProgress {
 		p.RetryAfter = RetryAfter
+	}
+	if status == http.StatusUnauthorized && m.challenge != "" {
+		w.Header().Set("WWW-Authenticate", m.challenge)
 	}
 	if cause != nil && status >= 500 {
 		m.g.log.LogAttrs(r.Context(), slog.LevelError, "idem: request refused",
@@ -241,7 +256,16 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.problem(w, r, http.StatusUnprocessableEntity, ProblemKeyReused,
 			"This Idempotency-Key was used with a different request. Use a new key for a new intent.", nil)
 	default:
-		if errors.Is(err, ErrInvalidRequest) {
+		var re *RequestError
+		if errors.As(err, &re) {
+			if re.Field == "Scope" {
+				// The ScopeFunc returned an identity the guard cannot key on
+				// (too long, not UTF-8): the caller is not usable.
+				m.g.log.LogAttrs(r.Context(), slog.LevelWarn, "idem: ScopeFunc returned an unusable scope",
+					slog.String("reason", re.Reason))
+				m.problem(w, r, m.noScope, ProblemUnauthenticated, "This request needs an authenticated caller.", nil)
+				return
+			}
 			m.problem(w, r, http.StatusBadRequest, ProblemKeyInvalid, "The Idempotency-Key header is invalid.", err)
 			return
 		}

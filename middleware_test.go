@@ -352,3 +352,18 @@ func TestMiddlewareNeedsScopeFunc(t *testing.T) {
 	b := setup(t, "table")
 	require.Panics(t, func() { b.guard.Middleware(nil) })
 }
+
+// A scope the guard cannot key on is refused as unauthenticated, with the
+// configured challenge, and never reaches the handler.
+func TestMiddlewareUnusableScope(t *testing.T) {
+	b := setup(t, "table")
+	h := &orderHandler{}
+	scope := func(r *http.Request) (string, bool) { return strings.Repeat("u", idem.MaxScopeLen+1), true }
+	srv := httptest.NewServer(b.guard.Middleware(scope, idem.WithChallenge(`Bearer realm="checkout"`))(h))
+	defer srv.Close()
+	a := send(t, srv, call{keys: []string{"k"}})
+	require.Equal(t, http.StatusUnauthorized, a.status)
+	require.Equal(t, `Bearer realm="checkout"`, a.header.Get("WWW-Authenticate"))
+	require.Equal(t, idem.DefaultProblemBase+idem.ProblemUnauthenticated, a.problem(t).Type)
+	require.Zero(t, h.calls.Load())
+}

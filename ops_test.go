@@ -288,3 +288,24 @@ func TestDownstreamKey(t *testing.T) {
 		require.Error(t, err, tc)
 	}
 }
+
+// DetachWork: the caller hanging up does not cancel the work, which keeps
+// its deadline and stores its answer.
+func TestDetachWork(t *testing.T) {
+	for _, strategy := range []string{"table", "hybrid-miniredis"} {
+		t.Run("strategy="+strategy, func(t *testing.T) {
+			b := setup(t, strategy, func(o *setupOpts) { o.cfg.DetachWork = true; o.cfg.WorkTimeout = 20 * time.Second })
+			ctx, cancel := context.WithCancel(context.Background())
+			r := req("u", newKey(), "x")
+			_, out, err := b.guard.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
+				cancel()
+				require.NoError(t, wctx.Err(), "the caller's cancellation must not reach detached work")
+				_, ok := wctx.Deadline()
+				require.True(t, ok, "detached work keeps its deadline")
+				return created("detached"), nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out)
+		})
+	}
+}

@@ -85,7 +85,7 @@ var (
 
 // RequestError describes why a Request was refused before anything ran.
 type RequestError struct {
-	Field  string // "Scope", "Key" or "Fingerprint"
+	Field  string // "Scope", "Key", "Fingerprint", or "Request" when the store refused it
 	Reason string
 }
 

@@ -1,0 +1,399 @@
+// Command checkout is a small checkout service whose POST /orders is guarded
+// by idem: a client that retries (a timeout, a double click, a mobile network
+// that drops the answer) gets the first answer again instead of a second order
+// and a second charge.
+//
+// Usage:
+//
+//	go run ./examples/checkout [flags]
+//
+//	-addr HOST:PORT          listen address (default 127.0.0.1:8080; port 0 picks one)
+//	-strategy hybrid|table   hybrid: a Redis lease decides who runs, PostgreSQL
+//	                         stores the answer; table: PostgreSQL alone (default hybrid)
+//	-database-url URL        PostgreSQL (default $DATABASE_URL, else
+//	                         postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable)
+//	-schema NAME             schema of the idempotency table (default: the connection's)
+//	-redis-addr HOST:PORT    Redis for the hybrid strategy, or "embedded" for an
+//	                         in-process miniredis (default $REDIS_ADDR, else embedded)
+//	-work DURATION           latency of the fake payment call (default 400ms)
+//	-ttl DURATION            how long idempotency keys are kept (default 24h)
+//
+// Routes:
+//
+//	POST /orders          Authorization: Bearer <user-id>, Idempotency-Key,
+//	                      {"hold_ids": [88211, 88212], "payment_method": "pm_..."}
+//	GET  /orders/{id}     the order, to its owner
+//	GET  /payrail/charges {"count": N}: charges the fake provider has performed
+//
+// payment_method pm_declined answers 402 (stored and replayed); pm_timeout
+// charges but answers 504, which leaves the key in progress (retries get 409).
+//
+// It prints "listening on http://ADDR" to stdout once it accepts connections,
+// logs to stderr, and shuts down gracefully on SIGINT or SIGTERM. Invalid
+// flags exit with status 2.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
+)
+
+const (
+	defaultAddr        = "127.0.0.1:8080"
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	embeddedRedis      = "embedded"
+
+	// problemBase prefixes the type URI of every problem the service sends.
+	problemBase = "https://stagedoor.example/problems/"
+
+	// sweepInterval is how often expired keys are deleted.
+	sweepInterval = time.Hour
+	// shutdownTimeout bounds how long in-flight requests may finish at
+	// shutdown.
+	shutdownTimeout = 15 * time.Second
+	// connectTimeout bounds the start-up checks of PostgreSQL and Redis.
+	connectTimeout = 5 * time.Second
+)
+
+// errUsage marks an invalid command line; main exits with status 2.
+var errUsage = errors.New("invalid command line")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode maps run's error to the process status: 0 on success or -h, 2 for
+// an invalid command line (already explained on stderr), 1 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintf(stderr, "checkout: %v\n", err)
+	return 1
+}
+
+// config is the parsed command line.
+type config struct {
+	addr        string
+	strategy    idem.Strategy
+	databaseURL string
+	pool        *pgxpool.Config
+	schema      string
+	redisAddr   string
+	work        time.Duration
+	ttl         time.Duration
+}
+
+// parseFlags parses args. Errors wrap errUsage (or are flag.ErrHelp) and have
+// been explained on stderr.
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("checkout", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c config
+	var strategy string
+	fs.StringVar(&c.addr, "addr", defaultAddr, "listen `HOST:PORT` (port 0 picks a free port)")
+	fs.StringVar(&strategy, "strategy", string(idem.StrategyHybrid), "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
+	fs.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "PostgreSQL connection `URL` ($DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency table (default: the connection's current schema)")
+	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
+	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
+	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w: %w", errUsage, err) // flag printed the message and usage
+	}
+
+	usage := func(format string, a ...any) (config, error) {
+		msg := fmt.Sprintf(format, a...)
+		fmt.Fprintf(stderr, "checkout: %s\nRun 'checkout -h' for usage.\n", msg)
+		return c, fmt.Errorf("%w: %s", errUsage, msg)
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected argument %q", fs.Arg(0))
+	}
+	c.strategy = idem.Strategy(strategy)
+	if c.strategy != idem.StrategyHybrid && c.strategy != idem.StrategyTable {
+		return usage("-strategy must be %q or %q, not %q", idem.StrategyHybrid, idem.StrategyTable, strategy)
+	}
+	if _, _, err := net.SplitHostPort(c.addr); err != nil {
+		return usage("-addr %q: want HOST:PORT", c.addr)
+	}
+	if c.databaseURL == "" {
+		return usage("-database-url is empty")
+	}
+	pc, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return usage("-database-url: %v", err) // pgx redacts the password
+	}
+	c.pool = pc
+	if c.redisAddr != embeddedRedis {
+		if _, port, err := net.SplitHostPort(c.redisAddr); err != nil || port == "" {
+			return usage("-redis-addr %q: want HOST:PORT or %q", c.redisAddr, embeddedRedis)
+		}
+	}
+	if c.work < 0 {
+		return usage("-work %v must not be negative", c.work)
+	}
+	if c.ttl < time.Second {
+		return usage("-ttl %v must be at least 1s", c.ttl)
+	}
+	// The store's own rules (schema name) are checked without a database.
+	if _, err := durable.New(nopDB{}, c.storeConfig()); err != nil {
+		return usage("-schema %q: %v", c.schema, err)
+	}
+	return c, nil
+}
+
+func (c *config) storeConfig() *durable.Config {
+	return &durable.Config{Schema: c.schema, Retention: c.ttl}
+}
+
+func envOr(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
+
+// run is the whole service: it parses args, connects, migrates, serves until
+// ctx ends, then shuts down gracefully. It writes "listening on http://ADDR"
+// to stdout once the listener is bound and logs to stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	// PostgreSQL: the source of truth for every answer.
+	pool, err := pgxpool.NewWithConfig(ctx, cfg.pool)
+	if err != nil {
+		return fmt.Errorf("postgres %s: %w", describeDB(cfg.pool), err)
+	}
+	defer pool.Close()
+	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	err = pool.Ping(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("postgres %s unreachable: %w", describeDB(cfg.pool), err)
+	}
+	// Safe when several instances start at once: Migrate takes an advisory lock.
+	if err := durable.Migrate(ctx, pool, cfg.storeConfig()); err != nil {
+		return err
+	}
+	store, err := durable.New(pool, cfg.storeConfig())
+	if err != nil {
+		return err
+	}
+
+	// Redis, for the hybrid strategy only.
+	gcfg := &idem.Config{Logger: log}
+	redisDesc := "unused"
+	if cfg.strategy == idem.StrategyHybrid {
+		addr := cfg.redisAddr
+		if addr == embeddedRedis {
+			mr, err := miniredis.Run()
+			if err != nil {
+				return fmt.Errorf("embedded redis: %w", err)
+			}
+			defer mr.Close()
+			addr = mr.Addr()
+			redisDesc = "embedded miniredis at " + addr
+		} else {
+			redisDesc = addr
+		}
+		rdb := redis.NewClient(&redis.Options{
+			Addr: addr,
+			// No retries inside the client: a SET NX retried after a lost
+			// reply finds its own lease and reports "not obtained" (a
+			// spurious 409), and while Redis is down every retry delays the
+			// fallback to the table claim. The guard decides what a failed
+			// call means.
+			MaxRetries:    -1,
+			DialerRetries: 1,
+		})
+		defer func() { _ = rdb.Close() }()
+		rctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		if err := rdb.Ping(rctx).Err(); err != nil {
+			// Not fatal: while Redis is away, the guard falls back to the
+			// PostgreSQL claim for each request.
+			log.Warn("checkout: redis unreachable; requests fall back to the table claim until it is back",
+				"redis", addr, "error", err)
+		}
+		cancel()
+		locker, err := lock.New(rdb, nil)
+		if err != nil {
+			return err
+		}
+		gcfg.Lock = locker
+	}
+	guard, err := idem.New(store, gcfg)
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           accessLog(log, newHandler(guard, NewPayrail(cfg.work), log)),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("checkout: started",
+		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
+		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl)
+
+	sweepCtx, stopSweeper := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { sweep(sweepCtx, store, log) })
+	defer func() {
+		stopSweeper()
+		wg.Wait()
+	}()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("checkout: shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	<-served // http.ErrServerClosed
+	log.Info("checkout: stopped")
+	return nil
+}
+
+// newHandler returns the service's routes.
+func newHandler(guard *idem.Guard, payrail *Payrail, log *slog.Logger) http.Handler {
+	render := renderProblem
+	c := &checkout{payrail: payrail, render: render, log: log}
+	guarded := guard.Middleware(bearerUser,
+		idem.WithProblemBase(problemBase),
+		idem.WithProblemRenderer(render),
+	)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", guarded(http.HandlerFunc(c.createOrder)))
+	mux.HandleFunc("GET /orders/{id}", c.getOrder)
+	mux.HandleFunc("GET /payrail/charges", payrail.serveCount)
+	return mux
+}
+
+// renderProblem is idem's renderer plus the WWW-Authenticate challenge that a
+// 401 must carry (RFC 9110, section 11.6.1).
+func renderProblem(w http.ResponseWriter, r *http.Request, p idem.Problem) {
+	if p.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
+	}
+	idem.RenderProblem(w, r, p)
+}
+
+// sweep deletes expired keys now and then every sweepInterval until ctx ends.
+// (A later version replaces it with a proper periodic runner.)
+func sweep(ctx context.Context, store *durable.Store, log *slog.Logger) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		n, err := store.Sweep(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Error("checkout: sweep failed", "deleted", n, "error", err)
+		case n > 0:
+			log.Info("checkout: swept expired keys", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// describeDB names the database for logs without its password, whatever form
+// the connection string had (URL or key=value).
+func describeDB(c *pgxpool.Config) string {
+	cc := c.ConnConfig
+	return fmt.Sprintf("postgres://%s@%s/%s", cc.User, net.JoinHostPort(cc.Host, fmt.Sprint(cc.Port)), cc.Database)
+}
+
+// accessLog logs one line per request.
+func accessLog(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("status", sw.status), slog.Bool("replayed", strings.EqualFold(w.Header().Get(idem.HeaderReplayed), "true")),
+			slog.Duration("took", time.Since(start)))
+	})
+}
+
+// statusWriter remembers the status of an answer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// nopDB lets parseFlags check a durable.Config before any connection exists:
+// durable.New validates the config without touching the database.
+type nopDB struct{ durable.DB }
