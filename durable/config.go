@@ -61,6 +61,14 @@ type Config struct {
 	SweepBatchSize int
 }
 
+// Validate reports whether cfg (nil is valid) would be accepted by New and
+// Migrate, naming the offending field, without contacting the database.
+// Command-line tools use it to report a bad flag before connecting.
+func (cfg *Config) Validate() error {
+	_, err := cfg.withDefaults()
+	return err
+}
+
 // withDefaults returns a validated copy of cfg (which may be nil) with the
 // defaults filled in.
 func (cfg *Config) withDefaults() (Config, error) {

@@ -86,3 +86,12 @@ var errBegin = errors.New("begin refused")
 type errOnlyBeginner struct{ nopDB }
 
 func (errOnlyBeginner) Begin(context.Context) (pgx.Tx, error) { return nil, errBegin }
+
+func TestConfigValidateExported(t *testing.T) {
+	var nilCfg *durable.Config
+	require.NoError(t, nilCfg.Validate())
+	require.NoError(t, (&durable.Config{Schema: "shop", Table: "keys"}).Validate())
+	require.ErrorContains(t, (&durable.Config{Schema: "Bad-Schema"}).Validate(), "Config.Schema")
+	require.ErrorContains(t, (&durable.Config{Table: "x;drop"}).Validate(), "Config.Table")
+	require.ErrorContains(t, (&durable.Config{Retention: -time.Hour}).Validate(), "Config.Retention")
+}

@@ -166,7 +166,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return usage("-ttl %v must be at least 1s", c.ttl)
 	}
 	// The store's own rules (schema name) are checked without a database.
-	if _, err := durable.New(nopDB{}, c.storeConfig()); err != nil {
+	if err := c.storeConfig().Validate(); err != nil {
 		return usage("-schema %q: %v", c.schema, err)
 	}
 	return c, nil
@@ -393,7 +393,3 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// nopDB lets parseFlags check a durable.Config before any connection exists:
-// durable.New validates the config without touching the database.
-type nopDB struct{ durable.DB }
