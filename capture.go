@@ -96,7 +96,7 @@ func (rc *recorder) result() (Response, error) {
 		rc.header = captureHeaders(rc.w.Header(), rc.allow)
 		rc.w.WriteHeader(http.StatusOK)
 	}
-	resp := Response{Status: rc.status, Header: rc.header, Body: bytes.Clone(rc.body.Bytes())}
+	resp := Response{Status: rc.status, Header: rc.header, Body: rc.body.Bytes()}
 	if rc.streamed || rc.overflow {
 		return resp, errNotStorable
 	}
@@ -107,12 +107,17 @@ func (rc *recorder) result() (Response, error) {
 // could not have received as sent (CR, LF or NUL inside).
 func captureHeaders(h http.Header, allow []string) http.Header {
 	out := make(http.Header, len(allow))
+	n := 0
+	for _, k := range allow {
+		n += len(h[k])
+	}
+	all := make([]string, 0, n)
 	for _, k := range allow {
 		vs, ok := h[k]
 		if !ok {
 			continue
 		}
-		kept := make([]string, 0, len(vs))
+		kept := all[len(all) : len(all) : len(all)+len(vs)]
 		for _, v := range vs {
 			if !strings.ContainsAny(v, "\r\n\x00") {
 				kept = append(kept, v)
@@ -120,6 +125,7 @@ func captureHeaders(h http.Header, allow []string) http.Header {
 		}
 		if len(kept) > 0 {
 			out[k] = kept
+			all = all[:len(all)+len(kept)]
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash"
 	"io"
+	"sync"
 
 	"github.com/idemguard/idem/durable"
 )
@@ -41,19 +42,25 @@ func HashParts(parts ...[]byte) Fingerprint {
 // target (the escaped path with the raw query, as in the request line) and
 // the exact body bytes the client sent. It is HashParts(method, target, body).
 func HashRequest(method, target string, body []byte) Fingerprint {
-	h := sha256.New()
-	io.WriteString(h, fingerprintDomain)
-	writeLen(h, 3)
-	writeLen(h, len(method))
-	io.WriteString(h, method)
-	writeLen(h, len(target))
-	io.WriteString(h, target)
-	writeLen(h, len(body))
+	h := digests.Get().(hash.Hash)
+	defer digests.Put(h)
+	h.Reset()
+	var stack [256]byte
+	b := append(stack[:0], fingerprintDomain...)
+	b = binary.BigEndian.AppendUint64(b, 3)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(method)))
+	b = append(b, method...)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(target)))
+	b = append(b, target...)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+	h.Write(b)
 	h.Write(body)
 	var fp Fingerprint
 	h.Sum(fp[:0])
 	return fp
 }
+
+var digests = sync.Pool{New: func() any { return sha256.New() }}
 
 func writeLen(h hash.Hash, n int) {
 	var b [8]byte

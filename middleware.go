@@ -233,9 +233,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if x := executionFrom(ctx); x != nil {
 			x.stored = m.stored // Complete stores only the allowlisted headers
 		}
-		rec = newRecorder(w, m.stored, m.maxResp)
+		c := &struct {
+			rec  recorder
+			body bodyReader
+		}{rec: recorder{w: w, allow: m.stored, max: m.maxResp}}
+		rec = &c.rec
+		c.body.Reset(body)
 		r2 := r.WithContext(ctx)
-		r2.Body = io.NopCloser(bytes.NewReader(body))
+		r2.Body = &c.body
 		r2.ContentLength = int64(len(body))
 		m.next.ServeHTTP(rec, r2)
 		return rec.result()
@@ -285,18 +290,31 @@ func (m *middleware) readBody(r *http.Request) ([]byte, int) {
 	}
 	size := int64(512)
 	if r.ContentLength > 0 {
-		size = r.ContentLength + 1 // +1: read to EOF without growing
+		size = r.ContentLength + 1 // +1: see EOF without growing
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, m.maxBody+1))
-	if n > m.maxBody {
-		return nil, http.StatusRequestEntityTooLarge
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > m.maxBody {
+			return nil, http.StatusRequestEntityTooLarge
+		}
+		if err == io.EOF {
+			return buf, 0
+		}
+		if err != nil {
+			return nil, http.StatusBadRequest
+		}
 	}
-	if err != nil {
-		return nil, http.StatusBadRequest
-	}
-	return buf.Bytes(), 0
 }
+
+// bodyReader hands the handler the body that was read, in one allocation.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 func writeReplay(w http.ResponseWriter, resp Response) {
 	w.Header().Set(HeaderReplayed, "true")
