@@ -23,7 +23,7 @@ func TestCreateAndReplay(t *testing.T) {
 		require.False(t, first.replayed())
 		require.Equal(t, "application/json", first.Header.Get("Content-Type"))
 		o := decodeOrderReply(t, first)
-		require.Regexp(t, `^ord_[a-z2-7]{20}$`, o.ID)
+		require.Regexp(t, `^ord_[a-z2-7]{26}$`, o.ID)
 		require.Equal(t, "paid", o.Status)
 		require.Equal(t, []int64{88211, 88212}, o.HoldIDs)
 		require.Regexp(t, `^ch_[a-z2-7]{20}$`, o.ChargeID)

@@ -260,12 +260,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	orders, err := newOrderStore(ctx, pool, cfg.schema)
+	if err != nil {
+		return err
+	}
+	payrail := NewPayrail(cfg.work)
+	c := &checkout{payrail: payrail, orders: orders, render: renderProblem, log: log}
+
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           accessLog(log, newHandler(guard, NewPayrail(cfg.work), log)),
+		Handler:           accessLog(log, newHandler(guard, c)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -305,17 +312,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // newHandler returns the service's routes.
-func newHandler(guard *idem.Guard, payrail *Payrail, log *slog.Logger) http.Handler {
-	render := renderProblem
-	c := &checkout{payrail: payrail, render: render, log: log}
+func newHandler(guard *idem.Guard, c *checkout) http.Handler {
 	guarded := guard.Middleware(bearerUser,
 		idem.WithProblemBase(problemBase),
-		idem.WithProblemRenderer(render),
+		idem.WithProblemRenderer(c.render),
 	)
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", guarded(http.HandlerFunc(c.createOrder)))
 	mux.HandleFunc("GET /orders/{id}", c.getOrder)
-	mux.HandleFunc("GET /payrail/charges", payrail.serveCount)
+	mux.HandleFunc("GET /payrail/charges", c.payrail.serveCount)
 	return mux
 }
 

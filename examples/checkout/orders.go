@@ -8,8 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemguard/idem"
 )
@@ -17,10 +18,12 @@ import (
 // Problem type slugs of the checkout's own answers, appended to problemBase.
 // (The guard's own refusals use idem's slugs under the same base.)
 const (
-	problemInvalidOrder   = "invalid-order"   // 400, stored and replayed
-	problemCardDeclined   = "card-declined"   // 402, stored and replayed
-	problemPaymentTimeout = "payment-timeout" // 504, not stored: the key stays in progress
-	problemOrderNotFound  = "order-not-found" // 404
+	problemInvalidOrder   = "invalid-order"       // 400, stored and replayed
+	problemCardDeclined   = "card-declined"       // 402, stored and replayed
+	problemPaymentTimeout = "payment-timeout"     // 504, not stored: the key stays in progress
+	problemOrderNotFound  = "order-not-found"     // 404
+	problemNotRecorded    = "order-not-recorded"  // 500, not stored: the key stays in progress
+	problemUnavailable    = "service-unavailable" // 503, nothing charged: the key is released
 )
 
 const (
@@ -41,7 +44,7 @@ const (
 	OrderPendingPayment OrderStatus = "pending_payment" // created, charge not answered yet
 	OrderPaid           OrderStatus = "paid"
 	OrderDeclined       OrderStatus = "declined"
-	OrderPaymentUnknown OrderStatus = "payment_unknown" // the charge timed out: a reconciler must ask the provider
+	OrderPaymentUnknown OrderStatus = "payment_unknown" // the charge timed out: the reconciler asks the provider
 )
 
 // Order is a checkout of seat holds. The exported fields are its JSON form.
@@ -52,43 +55,31 @@ type Order struct {
 	ChargeID string      `json:"charge_id,omitempty"`
 
 	owner          string // the user id (the guard's scope)
-	idempotencyKey string // the client's key, for a reconciler
+	idempotencyKey string // the client's key
 	paymentMethod  string
 	amount         int64
 }
 
+// orderID is the public id of the order an intent creates. It is derived from
+// the intent (the user and the Idempotency-Key), so every execution of the same
+// intent, and the reconciler, name the same order.
+func orderID(req idem.Request) string { return idem.DeriveID("ord_", "order", req) }
+
 // paymentKey is the idempotency key the order's charge is sent to the
 // provider with, derived from the order so that every call about this order,
-// including a reconciler's, names the same charge.
-func (o *Order) paymentKey() string { return "order-" + o.ID }
-
-// orderBook keeps orders in memory. It is safe for concurrent use; it stores
-// and returns copies.
-type orderBook struct {
-	mu     sync.Mutex
-	orders map[string]Order
-}
-
-func (b *orderBook) put(o Order) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.orders == nil {
-		b.orders = map[string]Order{}
+// including a reconciler's, names the same charge: "order-{public_id}".
+func (o *Order) paymentKey() string {
+	k, err := idem.DownstreamKey("order", o.ID)
+	if err != nil { // an order id is always a valid key part
+		panic(err)
 	}
-	b.orders[o.ID] = o
-}
-
-func (b *orderBook) get(id string) (Order, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	o, ok := b.orders[id]
-	return o, ok
+	return k
 }
 
 // checkout serves the order endpoints.
 type checkout struct {
 	payrail *Payrail
-	orders  orderBook
+	orders  *orderStore
 	render  idem.ProblemRenderer
 	log     *slog.Logger
 }
@@ -101,12 +92,18 @@ type createOrderRequest struct {
 
 // createOrder serves POST /orders behind the idem middleware: whatever it
 // answers below 500 is stored and replayed to every retry with the same
-// Idempotency-Key; a 5xx leaves the key in progress.
+// Idempotency-Key; a 5xx leaves the key in progress until the reconciler
+// settles it.
+//
+// The order row is written before the charge, so that the reconciler finds
+// every order whose charge may have happened. The final state of the order and
+// the stored answer commit in one transaction (idem.Complete): a crash between
+// "order paid" and "answer stored" cannot happen.
 func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
-	user, ok := bearerUser(r) // the middleware's ScopeFunc already required it
+	ctx := r.Context()
+	req, ok := idem.RequestFromContext(ctx) // the middleware guards this handler
 	if !ok {
-		c.problem(w, r, http.StatusUnauthorized, idem.ProblemUnauthenticated, "Authentication required",
-			"Send Authorization: Bearer <user-id>.")
+		c.problem(w, r, http.StatusInternalServerError, "not-guarded", "Not guarded", "")
 		return
 	}
 	in, detail := decodeOrder(r.Body)
@@ -114,45 +111,100 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 		c.problem(w, r, http.StatusBadRequest, problemInvalidOrder, "Invalid order", detail)
 		return
 	}
-	key, _ := idem.ParseKey(r.Header.Values(idem.HeaderKey)) // valid: the middleware parsed it
-	o := Order{
-		ID:             newID("ord_"),
+	o, err := c.orders.create(ctx, Order{
+		ID:             orderID(req),
 		Status:         OrderPendingPayment,
 		HoldIDs:        in.HoldIDs,
-		owner:          user,
-		idempotencyKey: key,
+		owner:          req.Scope,
+		idempotencyKey: req.Key,
 		paymentMethod:  in.PaymentMethod,
 		amount:         int64(len(in.HoldIDs)) * pricePerHold,
+	})
+	if err != nil {
+		// Nothing was charged: tell the guard that a retry is safe, so the
+		// key is released instead of left in progress.
+		idem.MarkRetrySafe(ctx)
+		c.log.LogAttrs(ctx, slog.LevelError, "checkout: order not created", slog.Any("error", err))
+		c.problem(w, r, http.StatusServiceUnavailable, problemUnavailable, "Service unavailable",
+			"The order could not be created. Nothing was charged. Retry with the same Idempotency-Key.")
+		return
 	}
-	c.orders.put(o)
 
-	ctx, cancel := paymentContext(r.Context())
+	pctx, cancel := paymentContext(ctx)
 	defer cancel()
-	ch, err := c.payrail.Charge(ctx, o.paymentKey(), ChargeRequest{
+	ch, err := c.payrail.Charge(pctx, o.paymentKey(), ChargeRequest{
 		Amount: o.amount, Currency: "EUR", PaymentMethod: o.paymentMethod,
 	})
 	switch {
 	case errors.Is(err, ErrDeclined):
 		o.Status = OrderDeclined
-		c.orders.put(o)
-		c.problem(w, r, http.StatusPaymentRequired, problemCardDeclined, "Card declined",
-			"The payment method was declined. Nothing was charged. To pay with another method, send a new request with a new Idempotency-Key.")
+		c.finish(w, r, o, declinedResponse())
 	case err != nil:
 		// The charge may or may not have happened. Answer 5xx so that the
 		// guard leaves the key in progress: a retry gets 409 instead of a
-		// second order and a second charge, until the outcome is known.
+		// second order and a second charge, until the reconciler has asked
+		// the provider about the order's payment key.
 		o.Status = OrderPaymentUnknown
-		c.orders.put(o)
-		c.log.LogAttrs(r.Context(), slog.LevelWarn, "checkout: payment outcome unknown",
+		if uerr := c.orders.update(context.WithoutCancel(ctx), c.orders.pool, o); uerr != nil {
+			c.log.LogAttrs(ctx, slog.LevelError, "checkout: order status not recorded", slog.Any("error", uerr))
+		}
+		c.log.LogAttrs(ctx, slog.LevelWarn, "checkout: payment outcome unknown",
 			slog.String("order", o.ID), slog.String("payment_key", o.paymentKey()), slog.Any("error", err))
 		c.problem(w, r, http.StatusGatewayTimeout, problemPaymentTimeout, "Payment provider timed out",
 			"The payment provider did not answer in time; the charge may have been made. Retrying with the same Idempotency-Key is safe: it answers 409 until the outcome is known.")
 	default:
 		o.Status = OrderPaid
 		o.ChargeID = ch.ID
-		c.orders.put(o)
-		w.Header().Set("Location", "/orders/"+o.ID)
-		writeJSON(w, http.StatusCreated, o)
+		c.finish(w, r, o, createdResponse(o))
+	}
+}
+
+// finish records the order's final state and the answer in one transaction,
+// then sends the answer. If that transaction fails, the charge has happened
+// but nothing says so: answer 500, which leaves the key in progress for the
+// reconciler (it finds the charge at the provider and settles the key).
+func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp idem.Response) {
+	ctx := context.WithoutCancel(r.Context()) // the charge is done: record it even if the client left
+	err := pgx.BeginFunc(ctx, c.orders.pool, func(tx pgx.Tx) error {
+		if err := c.orders.update(ctx, tx, o); err != nil {
+			return err
+		}
+		return idem.Complete(ctx, tx, resp)
+	})
+	if err != nil {
+		c.log.LogAttrs(ctx, slog.LevelError, "checkout: order outcome not recorded; the reconciler will settle it",
+			slog.String("order", o.ID), slog.Any("error", err))
+		c.problem(w, r, http.StatusInternalServerError, problemNotRecorded, "Order outcome not recorded",
+			"The payment was processed but its outcome could not be recorded yet. Retrying with the same Idempotency-Key is safe: it answers 409 until the outcome is known.")
+		return
+	}
+	idem.WriteResponse(w, resp)
+}
+
+// createdResponse is the answer to a paid order. The reconciler builds the
+// same answer for an order it settles.
+func createdResponse(o Order) idem.Response {
+	body, _ := json.Marshal(o) // plain strings and numbers: cannot fail
+	return idem.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Location": {"/orders/" + o.ID}, "Content-Type": {"application/json"}},
+		Body:   append(body, '\n'),
+	}
+}
+
+// declinedResponse is the answer to a declined payment: a problem that is
+// stored and replayed like any other answer below 500.
+func declinedResponse() idem.Response {
+	return problemResponse(http.StatusPaymentRequired, problemCardDeclined, "Card declined",
+		"The payment method was declined. Nothing was charged. To pay with another method, send a new request with a new Idempotency-Key.")
+}
+
+func problemResponse(status int, slug, title, detail string) idem.Response {
+	body, _ := json.Marshal(idem.Problem{Type: problemBase + slug, Title: title, Status: status, Detail: detail})
+	return idem.Response{
+		Status: status,
+		Header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+		Body:   body,
 	}
 }
 
@@ -164,7 +216,12 @@ func (c *checkout) getOrder(w http.ResponseWriter, r *http.Request) {
 			"Send Authorization: Bearer <user-id>.")
 		return
 	}
-	o, ok := c.orders.get(r.PathValue("id"))
+	o, ok, err := c.orders.get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		c.log.LogAttrs(r.Context(), slog.LevelError, "checkout: order not read", slog.Any("error", err))
+		c.problem(w, r, http.StatusServiceUnavailable, problemUnavailable, "Service unavailable", "")
+		return
+	}
 	if !ok || o.owner != user {
 		// Someone else's order is as absent as a missing one.
 		c.problem(w, r, http.StatusNotFound, problemOrderNotFound, "Order not found", "")
