@@ -1,0 +1,306 @@
+package target
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
+)
+
+// Strategies and implementations a Target can be.
+const (
+	Table   = "table"
+	Hybrid  = "hybrid"
+	Guard   = "guard"
+	Ceiling = "ceiling"
+)
+
+// The answer every request's work returns: a 201 with a Location and a small
+// JSON body, like the checkout example's.
+var (
+	answerHeader = http.Header{
+		"Content-Type": {"application/json"},
+		"Location":     {"/orders/ord_0123456789"},
+	}
+	answerBody = []byte(`{"id":"ord_0123456789","status":"confirmed","hold_ids":[88211,88212],"amount":4200,"currency":"EUR"}`)
+)
+
+// Target serves one request of the bench, through the guard or through the
+// ceiling's bare statements.
+type Target interface {
+	// Do handles req, whose work sleeps for the configured latency. It
+	// returns the idem.Outcome name of what happened ("executed",
+	// "replayed", "in_progress", "key_reused") and an error only when the
+	// request failed.
+	Do(ctx context.Context, req idem.Request) (string, error)
+	// Table is the bench table the target writes.
+	Table() string
+}
+
+// New returns the target of strategy (Table or Hybrid) and impl (Guard or
+// Ceiling) on env, whose work takes work.
+func New(env *Env, strategy, impl string, work time.Duration) (Target, error) {
+	switch impl {
+	case Guard:
+		return newGuard(env, strategy, work)
+	case Ceiling:
+		return newCeiling(env, strategy, work)
+	}
+	return nil, fmt.Errorf("unknown implementation %q (want guard or ceiling)", impl)
+}
+
+func sleepWork(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type guardTarget struct {
+	g    *idem.Guard
+	work idem.Work
+}
+
+func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
+	store, err := durable.New(env.PGStatements, &durable.Config{Schema: env.Schema, Table: GuardTable})
+	if err != nil {
+		return nil, err
+	}
+	// Store failures are counted as errors by the bench; the guard's log
+	// lines would only garble the progress output.
+	cfg := &idem.Config{Logger: slog.New(slog.DiscardHandler)}
+	switch strategy {
+	case Table:
+	case Hybrid:
+		l, err := lock.New(env.Redis, &lock.Config{Prefix: env.Prefix + "guard:"})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Lock = l
+	default:
+		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
+	}
+	g, err := idem.New(store, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &guardTarget{g: g, work: func(ctx context.Context) (idem.Response, error) {
+		if err := sleepWork(ctx, work); err != nil {
+			return idem.Response{}, err
+		}
+		return idem.Response{Status: http.StatusCreated, Header: answerHeader, Body: answerBody}, nil
+	}}, nil
+}
+
+func (t *guardTarget) Table() string { return GuardTable }
+
+func (t *guardTarget) Do(ctx context.Context, req idem.Request) (string, error) {
+	_, out, err := t.g.Do(ctx, req, t.work)
+	switch {
+	case errors.Is(err, idem.ErrInProgress), errors.Is(err, idem.ErrKeyReused):
+		return out.String(), nil
+	case err != nil:
+		return out.String(), err
+	case out == idem.OutcomeExecutedPending:
+		return out.String(), errors.New("answer not stored")
+	}
+	return out.String(), nil
+}
+
+// luaRelease is the text of lock/release.lua, which package lock does not
+// export.
+const luaRelease = `if redis.call("GET", KEYS[1]) == ARGV[1] then
+	return redis.call("DEL", KEYS[1])
+end
+return 0
+`
+
+// retention is durable.DefaultRetention in microseconds, as the store passes it.
+var retention = durable.DefaultRetention.Microseconds()
+
+// ceiling issues the guard's statements and commands with nothing around
+// them: no validation, no contexts per call, no statistics, no logging, and
+// no decoding of the returned row beyond the two columns a decision needs.
+// What the guard adds on top of it is its overhead.
+type ceiling struct {
+	env     *Env
+	hybrid  bool
+	work    time.Duration
+	sql     statements
+	release *redis.Script
+	headers []byte
+	prefix  string
+	tokens  atomic.Uint64
+}
+
+func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
+	if strategy != Table && strategy != Hybrid {
+		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
+	}
+	sql, err := captureStatements(&durable.Config{Schema: env.Schema, Table: CeilingTable})
+	if err != nil {
+		return nil, err
+	}
+	headers, err := json.Marshal(answerHeader)
+	if err != nil {
+		return nil, err
+	}
+	return &ceiling{
+		env:     env,
+		hybrid:  strategy == Hybrid,
+		work:    work,
+		sql:     sql,
+		release: redis.NewScript(luaRelease),
+		headers: headers,
+		prefix:  env.Prefix + "ceiling:",
+	}, nil
+}
+
+func (c *ceiling) Table() string { return CeilingTable }
+
+// token returns a fresh 16-byte owner token, cheaply.
+func (c *ceiling) token() [16]byte {
+	var t [16]byte
+	n := c.tokens.Add(1)
+	for i := range 8 {
+		t[i] = byte(n >> (8 * i))
+	}
+	t[15] = 1
+	return t
+}
+
+// row is what a decision needs from a returned row, read from the raw
+// (undecoded) values by column name.
+type row struct {
+	found, claimed, inProgress bool
+	hash                       []byte
+}
+
+// queryRow runs a statement that returns at most one row.
+func (c *ceiling) queryRow(ctx context.Context, sql string, args ...any) (row, error) {
+	var r row
+	rows, err := c.env.PGStatements.Query(ctx, sql, args...)
+	if err != nil {
+		return r, err
+	}
+	defer rows.Close()
+	if rows.Next() {
+		r.found = true
+		raw := rows.RawValues()
+		for i, fd := range rows.FieldDescriptions() {
+			switch fd.Name {
+			case "request_hash":
+				r.hash = bytes.Clone(raw[i])
+			case "response_status":
+				r.inProgress = raw[i] == nil
+			}
+		}
+		// The claim's last column, the only boolean, says whether it
+		// inserted the row.
+		fds := rows.FieldDescriptions()
+		if last := raw[len(raw)-1]; fds[len(fds)-1].DataTypeOID == pgtype.BoolOID && len(last) == 1 {
+			r.claimed = last[0] == 1 || last[0] == 't' // binary or text format
+		}
+	}
+	rows.Close()
+	return r, rows.Err()
+}
+
+func decide(r row, fp idem.Fingerprint) string {
+	switch {
+	case !bytes.Equal(r.hash, fp[:]):
+		return idem.OutcomeKeyReused.String()
+	case r.inProgress:
+		return idem.OutcomeInProgress.String()
+	}
+	return idem.OutcomeReplayed.String()
+}
+
+func (c *ceiling) Do(ctx context.Context, req idem.Request) (string, error) {
+	if c.hybrid {
+		return c.doHybrid(ctx, req)
+	}
+	return c.doTable(ctx, req)
+}
+
+func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error) {
+	owner := c.token()
+	r, err := c.queryRow(ctx, c.sql.claim, req.Scope, req.Key, req.Fingerprint[:], owner[:], retention)
+	if err == nil && !r.found {
+		// Lost a race with a claimer that committed after our snapshot.
+		r, err = c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
+		if err == nil && !r.found {
+			return idem.OutcomeInProgress.String(), nil
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	if !r.claimed {
+		return decide(r, req.Fingerprint), nil
+	}
+	if err := sleepWork(ctx, c.work); err != nil {
+		return "", err
+	}
+	_, err = c.env.PGStatements.Exec(context.WithoutCancel(ctx), c.sql.complete, req.Scope, req.Key, owner[:],
+		int16(http.StatusCreated), c.headers, answerBody, retention)
+	if err != nil {
+		return "", err
+	}
+	return idem.OutcomeExecuted.String(), nil
+}
+
+func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error) {
+	key := c.prefix + req.Scope + ":" + req.Key
+	owner := c.token()
+	token := fmt.Sprintf("%026x", owner[:8])
+	ok, err := c.env.Redis.SetNX(ctx, key, token, 30*time.Second).Result()
+	if err != nil {
+		return "", err
+	}
+	r, err := c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
+	switch {
+	case err != nil:
+		return "", err
+	case r.found:
+		if ok {
+			if err := c.release.Run(context.WithoutCancel(ctx), c.env.Redis, []string{key}, token).Err(); err != nil {
+				return "", err
+			}
+		}
+		return decide(r, req.Fingerprint), nil
+	case !ok:
+		return idem.OutcomeInProgress.String(), nil
+	}
+	if err := sleepWork(ctx, c.work); err != nil {
+		return "", err
+	}
+	bg := context.WithoutCancel(ctx)
+	if _, err := c.queryRow(bg, c.sql.insert, req.Scope, req.Key, req.Fingerprint[:], owner[:],
+		int16(http.StatusCreated), c.headers, answerBody, retention); err != nil {
+		return "", err
+	}
+	if err := c.release.Run(bg, c.env.Redis, []string{key}, token).Err(); err != nil {
+		return "", err
+	}
+	return idem.OutcomeExecuted.String(), nil
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/internal/testdb"
+	"github.com/idemguard/idem/internal/testredis"
+)
+
+func TestOfferedRates(t *testing.T) {
+	r, err := offeredRates("", 500, 2, 8000)
+	require.NoError(t, err)
+	require.Equal(t, []float64{500, 1000, 2000, 4000, 8000}, r)
+	r, err = offeredRates("", 1000, 1.5, 3000)
+	require.NoError(t, err)
+	require.Equal(t, []float64{1000, 1500, 2250}, r)
+	r, err = offeredRates("100, 250,1e3", 0, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, []float64{100, 250, 1000}, r)
+	for _, bad := range []string{"x", "0", "-5", "200,100", "100,100"} {
+		_, err := offeredRates(bad, 0, 0, 0)
+		require.Error(t, err, bad)
+	}
+	_, err = offeredRates("", 500, 1, 8000)
+	require.Error(t, err)
+}
+
+func TestFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 2, run(t.Context(), []string{"-nope"}, &out, &errOut))
+	require.Equal(t, 2, run(t.Context(), []string{"-rates", "2,1"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "ascending")
+	errOut.Reset()
+	require.Equal(t, 0, run(t.Context(), []string{"-h"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "-max-inflight")
+}
+
+// servers skips the test without PostgreSQL and Redis (fails it under CI=true).
+func servers(t *testing.T) []string {
+	t.Helper()
+	testdb.Pool(t)
+	testredis.Client(t)
+	return []string{"-database-url", testdb.URL(), "-redis-addr", testredis.Addr()}
+}
+
+// TestSmoke runs the real tool for a couple of seconds against the servers.
+func TestSmoke(t *testing.T) {
+	args := servers(t)
+	dir := filepath.Join(t.TempDir(), "report")
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), append(args,
+		"-step", "200ms", "-drain", "500ms", "-warmup", "0", "-rates", "100,200",
+		"-scenarios", "unique,storm", "-work", "1ms", "-out", dir), &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+
+	for _, want := range []string{"scenario strategy", "unique   table    guard", "storm    hybrid   ceiling", "summary", "answer: unique"} {
+		require.Contains(t, out.String(), want)
+	}
+	f, err := os.Open(filepath.Join(dir, "results.csv"))
+	require.NoError(t, err)
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	// 2 scenarios x 2 strategies x {guard, ceiling} at the first rate at
+	// least; a loaded CI machine may saturate at the second.
+	require.GreaterOrEqual(t, len(recs)-1, 8)
+	for _, rec := range recs[1:] {
+		require.NotEqual(t, "0.0", rec[6], "achieved: %v", rec)
+		if rec[0] == "unique" && rec[3] == "table" {
+			require.Equal(t, "2.000", rec[21], "statements per first execution: %v", rec) // claim + complete
+		}
+	}
+	for _, name := range []string{"report.md", "p99.png", "throughput.png"} {
+		st, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Positive(t, st.Size())
+	}
+}
+
+// TestInterrupted: Ctrl-C (a cancelled context) still writes the report of
+// what ran.
+func TestInterrupted(t *testing.T) {
+	args := servers(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, append(args, "-step", "400ms", "-warmup", "0", "-rates", "100,200,400,800",
+		"-strategies", "table", "-scenarios", "unique", "-out", dir), &out, &errOut)
+	require.Equal(t, 130, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "INTERRUPTED")
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+	require.True(t, strings.Contains(string(md), "**Interrupted**"))
+}

@@ -1,0 +1,48 @@
+package main_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/bench/internal/target"
+)
+
+// TestRoundTrips pins the round trips of every path, counted on the wire
+// side of the store (statements) and of the Redis client (commands). Not
+// timed: these are the figures BenchmarkGuard reports as pg-roundtrips/op
+// and redis-cmds/op.
+func TestRoundTrips(t *testing.T) {
+	want := map[string]map[string][2]int64{ // strategy -> path -> {pg, redis}
+		target.Table: {
+			"first_execution": {2, 0}, // claim, complete
+			"replay":          {1, 0}, // claim returns the finished row
+			"in_progress":     {1, 0},
+			"key_reused":      {1, 0},
+			"missing_key":     {0, 0},
+		},
+		target.Hybrid: {
+			"first_execution": {2, 2}, // SET NX, get, insert, release script
+			"replay":          {1, 2}, // SET NX, get, release script
+			"in_progress":     {1, 1}, // SET NX fails, get finds no row
+			"key_reused":      {1, 2},
+			"missing_key":     {0, 0},
+		},
+	}
+	for _, strategy := range []string{target.Table, target.Hybrid} {
+		for _, p := range paths {
+			t.Run(strategy+"/"+p.name, func(t *testing.T) {
+				r := newRig(t, strategy)
+				next := p.prepare(t, r)
+				pg0, rd0 := r.pg.Count(), r.redis.Count()
+				for i := range 3 {
+					_, out, _ := r.guard.Do(t.Context(), next(i), work)
+					require.Equal(t, p.outcome, out)
+				}
+				w := want[strategy][p.name]
+				require.Equal(t, 3*w[0], r.pg.Count()-pg0, "PostgreSQL round trips")
+				require.Equal(t, 3*w[1], r.redis.Count()-rd0, "Redis commands")
+			})
+		}
+	}
+}
