@@ -14,6 +14,7 @@ type statements struct {
 	complete, settle                    string
 	release, releaseInProgress          string
 	inspect, listInProgress, sweepBatch string
+	listDue, postpone                   string // reconcile.go
 }
 
 // newStatements builds the statements for the quoted, qualified table name t.
@@ -45,7 +46,9 @@ WITH ins AS (
 		response_headers = NULL,
 		response_body    = NULL,
 		created_at       = now(),
-		completed_at     = NULL
+		completed_at     = NULL,
+		reconcile_attempts = 0,
+		reconcile_after    = NULL
 	WHERE t.created_at < now() - $5::bigint * interval '1 microsecond'
 	RETURNING {cols}
 )
@@ -75,7 +78,9 @@ ON CONFLICT (user_id, key) DO UPDATE SET
 	response_headers = excluded.response_headers,
 	response_body    = excluded.response_body,
 	created_at       = now(),
-	completed_at     = excluded.completed_at
+	completed_at     = excluded.completed_at,
+	reconcile_attempts = 0,
+	reconcile_after    = NULL
 WHERE t.created_at < now() - $8::bigint * interval '1 microsecond'
 RETURNING {cols}`),
 
@@ -138,5 +143,24 @@ WHERE (user_id, key) IN (
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )`),
+
+		// $1 retention, $2 age in microseconds, $3 limit. Like
+		// listInProgress, without the rows postponed into the future.
+		listDue: r.Replace(`
+SELECT {cols}, reconcile_attempts FROM {t}
+WHERE response_status IS NULL AND created_at >= now() - $1::bigint * interval '1 microsecond'
+	AND created_at < now() - $2::bigint * interval '1 microsecond'
+	AND (reconcile_after IS NULL OR reconcile_after <= now())
+ORDER BY created_at, user_id, key
+LIMIT $3`),
+
+		// $1 scope, $2 key, $3 owner, $4 attempts, $5 delay in
+		// microseconds, $6 retention.
+		postpone: r.Replace(`
+UPDATE {t} SET
+	reconcile_attempts = $4,
+	reconcile_after    = now() + $5::bigint * interval '1 microsecond'
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND created_at >= now() - $6::bigint * interval '1 microsecond'`),
 	}
 }

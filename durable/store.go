@@ -303,7 +303,8 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner *Token) er
 // ListInProgress returns up to limit live in-progress rows created more than
 // olderThan ago, oldest first: the candidates of a reconciler. It is one
 // statement, served by a partial index. limit must be positive and olderThan
-// not negative.
+// not negative. [Store.ListDue] is the same list without the rows a
+// reconciler has postponed.
 func (s *Store) ListInProgress(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error) {
 	const op = "list in progress"
 	if limit < 1 {
