@@ -1,0 +1,241 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem/internal/advisory"
+)
+
+// Acquirer hands out a dedicated connection, on which a job holds its
+// PostgreSQL advisory lock. *pgxpool.Pool satisfies it.
+type Acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// ErrLocked is returned by [Sweeper.SweepOnce] when another instance holds
+// the sweep lock of the table: it is sweeping right now, so this round is
+// skipped. It is a normal outcome when the sweeper runs on every instance.
+var ErrLocked = errors.New("durable: another instance holds the lock")
+
+// Defaults of [SweeperConfig].
+const (
+	DefaultSweepInterval     = time.Hour
+	DefaultSweepBatchPause   = 10 * time.Millisecond
+	DefaultSweepBatchTimeout = 30 * time.Second
+)
+
+// SweeperConfig tunes a [Sweeper]. A nil *SweeperConfig is valid and gives
+// every default.
+type SweeperConfig struct {
+	// Interval is the time between the end of one run and the start of the
+	// next. Defaults to 1h.
+	Interval time.Duration
+	// BatchSize is the number of expired rows one DELETE removes: the bound
+	// on how many row locks one statement holds, and for how long. Defaults
+	// to the store's Config.SweepBatchSize (1000 by default).
+	BatchSize int
+	// BatchPause is slept between two batches of one run, to leave the
+	// database's CPU and I/O to the requests being served while a large
+	// backlog is swept. A negative value means no pause. Defaults to 10ms.
+	BatchPause time.Duration
+	// BatchTimeout bounds each DELETE. A batch runs to its end even when
+	// the run's context is cancelled, so that stopping never cancels a
+	// statement half-way; this timeout is what bounds it then. Defaults to
+	// 30s.
+	BatchTimeout time.Duration
+	// Logger receives one line per run: Info when rows were deleted, Debug
+	// when there was nothing to do or another instance held the lock,
+	// Error when the run failed. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnSweep, when set, is called after every run with the number of rows
+	// it deleted (also when it failed part-way), how long it took and its
+	// error (nil on success; wrapping the context's error when the run was
+	// stopped). It is not called for rounds skipped because another
+	// instance held the lock. It is called from the
+	// goroutine that runs the sweep and must not block for long. Defaults
+	// to nil.
+	OnSweep func(deleted int64, took time.Duration, err error)
+}
+
+// Sweeper deletes the rows of a [Store] past their retention, periodically
+// and one instance at a time across a fleet, in bounded batches.
+//
+// Expired rows are already invisible to every Store call (see
+// Config.Retention): sweeping only reclaims space, so a skipped or failed
+// run is never a correctness problem.
+//
+// A Sweeper is safe for concurrent use; [Sweeper.Run] may be running at most
+// once per Sweeper at a time.
+type Sweeper struct {
+	store   *Store
+	pool    Acquirer
+	cfg     SweeperConfig
+	key     int64
+	running atomic.Bool
+}
+
+// NewSweeper returns a Sweeper of store's table that takes its advisory lock
+// on a connection of pool (normally the pool the store runs on). A nil cfg
+// gives every default. Invalid fields are reported by name.
+//
+// The lock's key is derived from the store's table name as written in its SQL
+// ([Store.Table]): with no Config.Schema, tables of the same name in
+// different schemas of one database share the lock (one of them may skip a
+// round; nothing else).
+func NewSweeper(store *Store, pool Acquirer, cfg *SweeperConfig) (*Sweeper, error) {
+	if store == nil {
+		return nil, errors.New("durable: NewSweeper: nil store")
+	}
+	if pool == nil {
+		return nil, errors.New("durable: NewSweeper: nil pool")
+	}
+	var c SweeperConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultSweepInterval
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = store.cfg.SweepBatchSize
+	}
+	if c.BatchPause == 0 {
+		c.BatchPause = DefaultSweepBatchPause
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = DefaultSweepBatchTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.Interval < 0:
+		return nil, fmt.Errorf("durable: SweeperConfig.Interval: must be positive, got %v", c.Interval)
+	case c.BatchSize < 0:
+		return nil, fmt.Errorf("durable: SweeperConfig.BatchSize: must be positive, got %d", c.BatchSize)
+	case c.BatchTimeout < 0:
+		return nil, fmt.Errorf("durable: SweeperConfig.BatchTimeout: must be positive, got %v", c.BatchTimeout)
+	}
+	return &Sweeper{
+		store: store,
+		pool:  pool,
+		cfg:   c,
+		key:   advisory.Key("idem:sweep:" + store.Table()),
+	}, nil
+}
+
+// Run sweeps now, then again Interval after the end of each run, until ctx
+// ends. Each run is [Sweeper.SweepOnce]; its result is logged and reported
+// to OnSweep, and a failed run does not stop Run: the next one comes at the
+// next interval.
+//
+// When ctx ends, the batch in progress (if any) runs to its end, the lock
+// is released, and Run returns nil. It returns an error only when Run is
+// already running on this Sweeper.
+func (sw *Sweeper) Run(ctx context.Context) error {
+	if !sw.running.CompareAndSwap(false, true) {
+		return errors.New("durable: Sweeper.Run is already running")
+	}
+	defer sw.running.Store(false)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		_, _ = sw.SweepOnce(ctx)
+		timer.Reset(sw.cfg.Interval)
+	}
+}
+
+// SweepOnce runs one sweep, for tests and for cron-style use: it takes the
+// table's sweep lock and, when it gets it, deletes expired rows in batches of
+// BatchSize (one statement each, on the lock's connection, with BatchPause
+// between them) until a batch deletes fewer than BatchSize rows. It returns
+// how many rows it deleted.
+//
+// When another instance holds the lock it returns 0 and an error wrapping
+// [ErrLocked] without deleting anything. When ctx ends it stops after the
+// batch in progress and returns the count so far with an error wrapping ctx's
+// error. The result is logged and, unless the round was skipped, reported to
+// OnSweep.
+func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
+	start := time.Now()
+	var deleted int64
+	ran, err := advisory.Do(ctx, sw.pool, sw.key, func(ctx context.Context, conn *pgxpool.Conn) error {
+		s := sw.store.WithDB(conn)
+		for {
+			if err := ctx.Err(); err != nil {
+				return &opError{op: "sweep", err: err}
+			}
+			n, err := sw.batch(ctx, s)
+			deleted += n
+			if err != nil {
+				return err
+			}
+			if n < int64(sw.cfg.BatchSize) {
+				return nil
+			}
+			if sw.cfg.BatchPause > 0 {
+				t := time.NewTimer(sw.cfg.BatchPause)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+			}
+		}
+	})
+	took := time.Since(start)
+	if !ran && err == nil {
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lock",
+			slog.String("table", sw.store.Table()))
+		return 0, &opError{op: "sweep", kind: ErrLocked}
+	}
+	if err != nil && !ran {
+		err = &opError{op: "sweep", err: err}
+	}
+	sw.report(ctx, deleted, took, err)
+	return deleted, err
+}
+
+// batch deletes one batch. The statement is not cancelled with ctx: a stop
+// waits for it, bounded by BatchTimeout.
+func (sw *Sweeper) batch(ctx context.Context, s *Store) (int64, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sw.cfg.BatchTimeout)
+	defer cancel()
+	return s.sweepBatch(bctx, "sweep", sw.cfg.BatchSize)
+}
+
+func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration, err error) {
+	attrs := []slog.Attr{
+		slog.String("table", sw.store.Table()),
+		slog.Int64("deleted", deleted),
+		slog.Duration("took", took),
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
+	case err != nil:
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
+	case deleted > 0:
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
+	default:
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
+	}
+	if sw.cfg.OnSweep != nil {
+		sw.cfg.OnSweep(deleted, took, err)
+	}
+}
