@@ -1,0 +1,564 @@
+// Package reconcile gives keys left in progress their real answer.
+//
+// A request whose work ended in a 5xx or an error ("we don't know whether the
+// payment went through"), or whose process died mid-work, leaves its key in
+// progress: every retry gets idem.ErrInProgress (409). A [Reconciler] finds
+// those keys, oldest first, once they have been in progress longer than
+// [Config.MinAge], and asks a [ResolveFunc] of yours what really happened,
+// for example by asking the payment provider about the downstream key the
+// request used. The answer decides:
+//
+//   - [Settled]: the answer is stored with [idem.Guard.Settle] and replayed to
+//     the next retry;
+//   - [NothingHappened]: the key is released with [idem.Guard.Release]; the
+//     next retry runs the work;
+//   - [Unknown] (or an error, a panic, a timeout): the key is tried again
+//     later, with exponential backoff kept in the database, so that it
+//     survives restarts and changes of the instance that reconciles.
+//
+// A Reconciler works one instance at a time across a fleet (a PostgreSQL
+// advisory lock per table), so it is safe, and intended, to run one on every
+// instance.
+//
+// A key that changed while the ResolveFunc worked (its request finished, was
+// released, or expired and was claimed anew) is skipped: the decision is
+// about the intent that was listed, and the key is re-read just before the
+// decision is applied. In the hybrid strategy a process that dies mid-work
+// leaves no row, only a lease that expires, so there is nothing to reconcile:
+// the next retry runs the work.
+//
+// # Usage
+//
+//	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+//		charge, found, err := provider.Lookup(ctx, downstreamKey(it))
+//		switch {
+//		case err != nil:
+//			return reconcile.Decision{}, err // unknown: try again later
+//		case !found:
+//			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
+//		}
+//		return reconcile.Decision{Verdict: reconcile.Settled, Response: orderCreated(charge)}, nil
+//	}, nil)
+//	if err != nil { ... }
+//	go rec.Run(ctx)
+//
+// WARNING: a key is in progress while its work runs, too (table strategy).
+// [Config.MinAge] must be longer than the longest time a request may hold
+// its key (the Guard's WorkTimeout plus its StoreTimeout), or a running
+// request could be settled or released under its feet. Set a WorkTimeout on
+// a table-strategy Guard: it has none by default.
+package reconcile
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/advisory"
+)
+
+// Verdict is what a [ResolveFunc] learned about a key left in progress.
+type Verdict int
+
+const (
+	// Unknown: the outcome is still unknown; the key stays in progress and
+	// is tried again after a backoff. It is the zero Verdict, so a zero
+	// Decision changes nothing.
+	Unknown Verdict = iota
+	// Settled: the request took effect; Decision.Response is its final
+	// answer, stored and replayed to every retry. Its status must be one
+	// the Guard stores: 100-499, not 429.
+	Settled
+	// NothingHappened: the request had no effect; the key is released and
+	// the next retry runs the work.
+	NothingHappened
+)
+
+// String returns "unknown", "settled" or "nothing_happened".
+func (v Verdict) String() string {
+	switch v {
+	case Unknown:
+		return "unknown"
+	case Settled:
+		return "settled"
+	case NothingHappened:
+		return "nothing_happened"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// Item is a key left in progress, as handed to a [ResolveFunc].
+type Item struct {
+	// Scope and Key name the intent, as in idem.Request.
+	Scope, Key string
+	// Fingerprint is the fingerprint of the request that claimed the key.
+	Fingerprint idem.Fingerprint
+	// CreatedAt is when the key was claimed, on the database clock.
+	CreatedAt time.Time
+	// Attempts is the number of earlier attempts that could not learn the
+	// outcome (Unknown, an error, a panic or a timeout). 0 the first time.
+	Attempts int
+}
+
+// Decision is a [ResolveFunc]'s answer. The zero Decision is Unknown.
+type Decision struct {
+	Verdict Verdict
+	// Response is the final answer, for Settled only.
+	Response idem.Response
+}
+
+// ResolveFunc learns the real outcome of a key left in progress. It must
+// honour ctx, which carries [Config.ResolveTimeout]. A returned error, like a
+// panic or an invalid Decision, counts as Unknown: it is logged and the key
+// is tried again after a backoff. It is called from one goroutine at a time.
+type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
+
+// Guard is how a Reconciler settles and releases keys. *idem.Guard
+// satisfies it: use the Guard that serves the requests, so that its stats,
+// logs and metrics see the reconciler's actions.
+type Guard interface {
+	Settle(ctx context.Context, scope, key string, resp idem.Response) error
+	Release(ctx context.Context, scope, key string) error
+}
+
+// Store is what a Reconciler needs from the durable store, besides the
+// Guard's calls. *durable.Store satisfies it: pass the store the Guard uses.
+type Store interface {
+	// ListDue lists due in-progress rows older than olderThan, oldest first.
+	ListDue(ctx context.Context, olderThan time.Duration, limit int) ([]durable.DueRecord, error)
+	// Get reads the live row of a key.
+	Get(ctx context.Context, scope, key string) (durable.Record, error)
+	// Postpone records a failed attempt and hides the row for delay.
+	Postpone(ctx context.Context, scope, key string, owner durable.Token, attempts int, delay time.Duration) error
+	// Table names the table; the advisory lock is derived from it.
+	Table() string
+}
+
+// ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
+// the table's reconcile lock: it is reconciling right now, and this round is
+// skipped. It is a normal outcome when a Reconciler runs on every instance.
+var ErrLocked = errors.New("reconcile: another instance holds the lock")
+
+// Defaults of [Config].
+const (
+	DefaultInterval       = 30 * time.Second
+	DefaultMinAge         = time.Minute
+	DefaultBatchSize      = 100
+	DefaultResolveTimeout = 10 * time.Second
+	DefaultBackoffBase    = 30 * time.Second
+	DefaultBackoffMax     = time.Hour
+	DefaultStoreTimeout   = 5 * time.Second
+)
+
+// Config tunes a Reconciler. A nil *Config is valid and gives every default.
+type Config struct {
+	// Interval is the time between the end of one run and the start of the
+	// next. Defaults to 30s.
+	Interval time.Duration
+	// MinAge is how long a key must have been in progress before it is
+	// reconciled. It must be longer than the longest a request may hold its
+	// key: the Guard's WorkTimeout plus its StoreTimeout (see the package
+	// WARNING). Defaults to 1m.
+	MinAge time.Duration
+	// BatchSize is the number of keys listed per statement. A run handles
+	// batches until no due key is left or ctx ends. Defaults to 100.
+	BatchSize int
+	// ResolveTimeout bounds each call of the ResolveFunc. Defaults to 10s.
+	ResolveTimeout time.Duration
+	// BackoffBase is the wait after the first attempt that could not learn
+	// a key's outcome; it doubles with every further attempt, up to
+	// BackoffMax, without jitter. Retries end when the key expires (the
+	// store's retention): an expired row is no longer listed. Defaults to
+	// 30s.
+	BackoffBase time.Duration
+	// BackoffMax caps the backoff. Defaults to 1h.
+	BackoffMax time.Duration
+	// StoreTimeout bounds each store and Guard call. A call that records a
+	// decision already made runs even when the run's ctx is cancelled,
+	// bounded by this timeout. Defaults to 5s.
+	StoreTimeout time.Duration
+	// Logger receives one line per action on a key (keys appear only as a
+	// short hash, key_hash, the same as the Guard's) and one per run that
+	// did something. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnResult, when set, is called after every run that obtained the lock
+	// (and every run that failed before it could), with the counts, the
+	// duration and the run's error; for metrics. It is not called for
+	// rounds skipped because another instance held the lock. It must not
+	// block for long. Defaults to nil.
+	OnResult func(res Result, took time.Duration, err error)
+}
+
+// Result counts what one run did. Each key handled counts in exactly one
+// field.
+type Result struct {
+	// Settled keys got their answer stored.
+	Settled int
+	// Released keys were deleted: their next retry runs the work.
+	Released int
+	// Unknown keys were postponed because the ResolveFunc answered Unknown.
+	Unknown int
+	// Skipped keys were finished, released or taken over by a new request
+	// (durable.ErrCompleted, ErrNotFound, ErrNotOwner) before the decision
+	// could be applied: a normal race with a retry or with the request's
+	// owner, not an error.
+	Skipped int
+	// Errors counts keys whose ResolveFunc failed (error, panic, timeout,
+	// invalid Decision; such keys are postponed like Unknown ones) and keys
+	// whose store or Guard call failed.
+	Errors int
+}
+
+// Reconciler settles or releases keys left in progress. It is safe for
+// concurrent use; [Reconciler.Run] may be running at most once per
+// Reconciler at a time.
+type Reconciler struct {
+	guard   Guard
+	store   Store
+	pool    durable.Acquirer
+	resolve ResolveFunc
+	cfg     Config
+	key     int64
+	running atomic.Bool
+}
+
+// New returns a Reconciler that settles and releases keys through guard,
+// finds them in store (the Guard's store), takes its advisory lock on a
+// connection of pool, and asks resolve what happened. A nil cfg gives every
+// default. Invalid fields are reported by name.
+func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, cfg *Config) (*Reconciler, error) {
+	switch {
+	case guard == nil:
+		return nil, errors.New("reconcile: nil guard")
+	case store == nil:
+		return nil, errors.New("reconcile: nil store")
+	case pool == nil:
+		return nil, errors.New("reconcile: nil pool")
+	case resolve == nil:
+		return nil, errors.New("reconcile: nil resolve func")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Interval, DefaultInterval)
+	def(&c.MinAge, DefaultMinAge)
+	def(&c.ResolveTimeout, DefaultResolveTimeout)
+	def(&c.BackoffBase, DefaultBackoffBase)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	def(&c.StoreTimeout, DefaultStoreTimeout)
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Interval", c.Interval}, {"MinAge", c.MinAge}, {"ResolveTimeout", c.ResolveTimeout},
+		{"BackoffBase", c.BackoffBase}, {"BackoffMax", c.BackoffMax}, {"StoreTimeout", c.StoreTimeout},
+	} {
+		if f.v < 0 {
+			return nil, fmt.Errorf("reconcile: Config.%s: must be positive, got %v", f.name, f.v)
+		}
+	}
+	if c.BatchSize < 0 {
+		return nil, fmt.Errorf("reconcile: Config.BatchSize: must be positive, got %d", c.BatchSize)
+	}
+	if c.BackoffMax < c.BackoffBase {
+		return nil, fmt.Errorf("reconcile: Config.BackoffMax %v: must not be shorter than Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
+	}
+	return &Reconciler{
+		guard:   guard,
+		store:   store,
+		pool:    pool,
+		resolve: resolve,
+		cfg:     c,
+		key:     advisory.Key("idem:reconcile:" + store.Table()),
+	}, nil
+}
+
+// Run reconciles now, then again Interval after the end of each run, until
+// ctx ends. Each run is [Reconciler.RunOnce]; a failed run is logged and
+// reported to OnResult, and does not stop Run.
+//
+// When ctx ends, Run stops after the key in hand (a decision already made is
+// still recorded), releases the lock and returns nil. It returns an error
+// only when Run is already running on this Reconciler.
+func (r *Reconciler) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("reconcile: Reconciler.Run is already running")
+	}
+	defer r.running.Store(false)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		_, _ = r.RunOnce(ctx)
+		timer.Reset(r.cfg.Interval)
+	}
+}
+
+// RunOnce runs one reconciliation, for tests and cron-style use. Under the
+// table's reconcile lock, it lists due keys in progress for longer than
+// MinAge, oldest first, BatchSize at a time, and handles each: resolve, then
+// settle, release or postpone. It stops when no due key is left (or only
+// keys it already handled in this run, whose store calls failed).
+//
+// It returns what it did. The error is nil when the run went through, even
+// if some keys failed (they are counted in Result.Errors and logged); it
+// wraps [ErrLocked] when another instance holds the lock (nothing was done),
+// the context's error when ctx ended, or the store's error when listing
+// failed.
+func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
+	start := time.Now()
+	var res Result
+	ran, err := advisory.Do(ctx, r.pool, r.key, func(ctx context.Context, _ *pgxpool.Conn) error {
+		return r.run(ctx, &res)
+	})
+	took := time.Since(start)
+	if !ran && err == nil {
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lock",
+			slog.String("table", r.store.Table()))
+		return res, ErrLocked
+	}
+	if err != nil {
+		err = fmt.Errorf("reconcile: %w", err)
+	}
+	r.report(ctx, res, took, err)
+	return res, err
+}
+
+func (r *Reconciler) run(ctx context.Context, res *Result) error {
+	type ident struct {
+		scope, key string
+		owner      durable.Token
+	}
+	seen := make(map[ident]bool)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
+		due, err := r.store.ListDue(lctx, r.cfg.MinAge, r.cfg.BatchSize)
+		cancel()
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return cerr
+			}
+			return err
+		}
+		progress := false
+		for _, d := range due {
+			id := ident{d.Scope, d.Key, d.Owner}
+			if seen[id] {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			seen[id] = true
+			progress = true
+			r.handle(ctx, d, res)
+		}
+		if len(due) < r.cfg.BatchSize || !progress {
+			return ctx.Err()
+		}
+	}
+}
+
+// handle resolves one key and applies the decision, counting it in res.
+func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Result) {
+	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
+	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
+	dec, err := r.call(ctx, it)
+	if err == nil {
+		err = dec.validate()
+	}
+	if ctx.Err() != nil {
+		// Stopping: the resolver was cut short. Leave the key due, untouched.
+		return
+	}
+	// The decision is made: record it even if ctx ends from now on.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
+	defer cancel()
+
+	if err != nil {
+		log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile resolver failed; the key stays in progress",
+			slog.Int("attempts", it.Attempts), slog.Any("error", err))
+		if r.postpone(sctx, log, d, res) {
+			res.Errors++
+		}
+		return
+	}
+	switch dec.Verdict {
+	case Unknown:
+		if r.postpone(sctx, log, d, res) {
+			res.Unknown++
+		}
+	case Settled, NothingHappened:
+		if !r.unchanged(sctx, log, d, res) {
+			return
+		}
+		if dec.Verdict == Settled {
+			err = r.guard.Settle(sctx, d.Scope, d.Key, dec.Response)
+		} else {
+			err = r.guard.Release(sctx, d.Scope, d.Key)
+		}
+		switch {
+		case gone(err):
+			res.Skipped++
+			log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished meanwhile",
+				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
+		case err != nil:
+			res.Errors++
+			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not apply its decision; the key stays in progress",
+				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
+			// A failing call must not be retried at every run: back off.
+			r.postpone(sctx, log, d, &Result{})
+		case dec.Verdict == Settled:
+			res.Settled++
+			log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile settled a key",
+				slog.Int("status", dec.Response.Status), slog.Int("attempts", it.Attempts),
+				slog.Duration("age", time.Since(d.CreatedAt)))
+		default:
+			res.Released++
+			log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile released a key; its next retry runs",
+				slog.Int("attempts", it.Attempts), slog.Duration("age", time.Since(d.CreatedAt)))
+		}
+	}
+}
+
+// call runs the resolver with its timeout, turning a panic into an error.
+func (r *Reconciler) call(ctx context.Context, it Item) (dec Decision, err error) {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.ResolveTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("reconcile: resolver panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return r.resolve(rctx, it)
+}
+
+func (d Decision) validate() error {
+	switch d.Verdict {
+	case Unknown, NothingHappened:
+		return nil
+	case Settled:
+		s := d.Response.Status
+		if s < 100 || s > 499 || s == http.StatusTooManyRequests {
+			return fmt.Errorf("reconcile: resolver settled with status %d, which is never stored (use 100-499 but 429)", s)
+		}
+		return nil
+	}
+	return fmt.Errorf("reconcile: resolver returned an invalid verdict %d", int(d.Verdict))
+}
+
+// unchanged reports whether the key is still the in-progress intent that was
+// listed: the resolver may have taken a while, during which the owner may
+// have finished, or the key expired and a new request took it over. A
+// decision about the old intent must not touch a new one.
+func (r *Reconciler) unchanged(ctx context.Context, log *slog.Logger, d durable.DueRecord, res *Result) bool {
+	rec, err := r.store.Get(ctx, d.Scope, d.Key)
+	switch {
+	case gone(err), err == nil && (rec.Owner != d.Owner || !rec.InProgress()):
+		res.Skipped++
+		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
+		return false
+	case err != nil:
+		res.Errors++
+		log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not read the key", slog.Any("error", err))
+		return false
+	}
+	return true
+}
+
+// postpone records one more failed attempt and hides the key for its
+// backoff. It reports whether the key was postponed; otherwise it has counted
+// the key in res (skipped or error).
+func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.DueRecord, res *Result) bool {
+	attempts := d.Attempts + 1
+	delay := r.backoff(attempts)
+	err := r.store.Postpone(ctx, d.Scope, d.Key, d.Owner, attempts, delay)
+	switch {
+	case gone(err):
+		res.Skipped++
+		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
+		return false
+	case err != nil:
+		res.Errors++
+		log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not postpone the key", slog.Any("error", err))
+		return false
+	}
+	log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile could not learn the outcome; will try again",
+		slog.Int("attempts", attempts), slog.Duration("retry_in", delay))
+	return true
+}
+
+// backoff is the wait after the given number of failed attempts (1 or more):
+// BackoffBase doubled attempts-1 times, capped at BackoffMax.
+func (r *Reconciler) backoff(attempts int) time.Duration {
+	d := r.cfg.BackoffBase
+	for i := 1; i < attempts && d < r.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.BackoffMax)
+}
+
+func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration, err error) {
+	attrs := []slog.Attr{
+		slog.String("table", r.store.Table()),
+		slog.Int("settled", res.Settled), slog.Int("released", res.Released),
+		slog.Int("unknown", res.Unknown), slog.Int("skipped", res.Skipped),
+		slog.Int("errors", res.Errors), slog.Duration("took", took),
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
+	case err != nil:
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
+	case res != (Result{}):
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
+	default:
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
+	}
+	if r.cfg.OnResult != nil {
+		r.cfg.OnResult(res, took, err)
+	}
+}
+
+// gone reports whether err says that the key is no longer the in-progress
+// row that was listed: a normal race, not a failure.
+func gone(err error) bool {
+	return errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrNotOwner)
+}
+
+// keyHash identifies a key in logs without revealing it: the first 8 bytes,
+// in hex, of the fingerprint of its length-prefixed scope and key. It is the
+// hash the Guard logs, so lines of both can be matched.
+func keyHash(scope, key string) string {
+	fp := idem.HashParts([]byte(scope), []byte(key))
+	return hex.EncodeToString(fp[:8])
+}
