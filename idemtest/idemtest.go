@@ -1,0 +1,479 @@
+// Package idemtest holds test helpers for users and implementers of idem.
+//
+// [RunStoreSuite] is the conformance suite of idem.Store: any alternative
+// store (another database, an in-memory fake for tests) must pass it to be
+// used behind an idem.Guard. It checks, through the interface only, the
+// promises the Guard relies on: one winner among racing claims, isolation
+// of scopes, takeover of expired keys, owner-only completion and release,
+// settle and release of abandoned keys, answers stored byte for byte, and,
+// when the store has one, the sweep of expired rows.
+//
+// The suite needs two things the interface cannot do, supplied by a
+// [Harness]: a fresh store per subtest, and a way to make a row older (so
+// that expiry is tested without waiting). Run it from a test of your store:
+//
+//	func TestConformance(t *testing.T) {
+//		idemtest.RunStoreSuite(t, idemtest.Harness{
+//			New: func(t *testing.T) idem.Store { return mystore.NewForTest(t) },
+//			Age: func(t *testing.T, s idem.Store, scope, key string, by time.Duration) {
+//				s.(*mystore.Store).ShiftCreatedAt(scope, key, -by)
+//			},
+//			Retention: 24 * time.Hour,
+//		})
+//	}
+//
+// The PostgreSQL store runs it in durable/conformance_test.go.
+package idemtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+)
+
+// Harness is what [RunStoreSuite] needs from a store's test.
+type Harness struct {
+	// New returns a fresh, empty store, isolated from every other store New
+	// returns (its own schema, table or namespace), and cleans it up with
+	// t.Cleanup. Subtests run in parallel, so New must be safe for
+	// concurrent use. Required.
+	New func(t *testing.T) idem.Store
+	// Age makes the row of (scope, key) older by `by` (positive), as if it
+	// had been created `by` earlier, whether it is live or expired, in
+	// progress or finished. Required.
+	Age func(t *testing.T, s idem.Store, scope, key string, by time.Duration)
+	// Retention is how long a key of the stores New returns lives. The
+	// suite ages rows by Retention + 1h to expire them, and by Retention/2
+	// to make them old but live. Defaults to durable.DefaultRetention (24h).
+	Retention time.Duration
+	// Sweep, when set, deletes the expired rows of s and returns how many
+	// it deleted. The sweep subtest is skipped when it is nil.
+	Sweep func(t *testing.T, s idem.Store) (int64, error)
+}
+
+// RunStoreSuite runs the conformance suite against the stores h.New
+// returns, as parallel subtests of t. Every subtest uses a store of its own.
+// It fails t (through the subtests) where the store breaks a promise.
+func RunStoreSuite(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil || h.Age == nil {
+		t.Fatal("idemtest: Harness.New and Harness.Age are required")
+	}
+	if h.Retention == 0 {
+		h.Retention = durable.DefaultRetention
+	}
+	for _, tc := range storeCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, &suite{h: h, s: h.New(t), ctx: t.Context()})
+		})
+	}
+}
+
+// suite is one subtest's store and helpers.
+type suite struct {
+	h   Harness
+	s   idem.Store
+	ctx context.Context
+}
+
+func (x *suite) expire(t *testing.T, scope, key string) {
+	t.Helper()
+	x.h.Age(t, x.s, scope, key, x.h.Retention+time.Hour)
+}
+
+func (x *suite) claim(t *testing.T, p durable.ClaimParams) durable.Record {
+	t.Helper()
+	rec, claimed, err := x.s.Claim(x.ctx, p)
+	require.NoError(t, err)
+	require.True(t, claimed, "claim of %s/%s", p.Scope, p.Key)
+	return rec
+}
+
+func (x *suite) lose(t *testing.T, p durable.ClaimParams) durable.Record {
+	t.Helper()
+	rec, claimed, err := x.s.Claim(x.ctx, p)
+	require.NoError(t, err)
+	require.False(t, claimed, "claim of %s/%s", p.Scope, p.Key)
+	return rec
+}
+
+func (x *suite) get(t *testing.T, scope, key string) durable.Record {
+	t.Helper()
+	rec, err := x.s.Get(x.ctx, scope, key)
+	require.NoError(t, err)
+	return rec
+}
+
+func (x *suite) notFound(t *testing.T, scope, key string) {
+	t.Helper()
+	_, err := x.s.Get(x.ctx, scope, key)
+	require.ErrorIs(t, err, durable.ErrNotFound)
+}
+
+func newToken(t *testing.T) durable.Token {
+	t.Helper()
+	var tok durable.Token
+	_, err := rand.Read(tok[:])
+	require.NoError(t, err)
+	return tok
+}
+
+func params(t *testing.T, scope, key, body string) durable.ClaimParams {
+	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: newToken(t)}
+}
+
+// answer is an answer with everything that must survive a round trip.
+func answer() durable.Answer {
+	return durable.Answer{
+		Status: http.StatusCreated,
+		Header: http.Header{
+			"Location":     {"/orders/1"},
+			"Content-Type": {"application/json; charset=utf-8"},
+			"Link":         {"</a>; rel=a", "</b>; rel=b", "</a>; rel=a"}, // order and duplicates kept
+			"X-Unicode":    {"héllo ✓"},
+		},
+		Body: []byte{0x00, 0xff, '{', '"', 'a', '"', ':', 0x00, '}', 0x80, '\n', 0x00},
+	}
+}
+
+// requireAnswer checks that rec holds want, byte for byte. A nil Header or
+// Body may come back empty.
+func requireAnswer(t *testing.T, want durable.Answer, rec durable.Record) {
+	t.Helper()
+	require.NotNil(t, rec.Answer, "the row has an answer")
+	require.False(t, rec.InProgress())
+	require.False(t, rec.CompletedAt.IsZero(), "CompletedAt is set on a finished row")
+	got := *rec.Answer
+	require.Equal(t, want.Status, got.Status)
+	if len(want.Header) == 0 {
+		require.Empty(t, got.Header)
+	} else {
+		require.Equal(t, want.Header, got.Header)
+	}
+	require.True(t, bytes.Equal(want.Body, got.Body), "body %x, want %x", got.Body, want.Body)
+}
+
+var storeCases = []struct {
+	name string
+	fn   func(t *testing.T, x *suite)
+}{
+	{"claim/wins a new key", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		rec := x.claim(t, p)
+		require.Equal(t, p.Scope, rec.Scope)
+		require.Equal(t, p.Key, rec.Key)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		require.Equal(t, p.Owner, rec.Owner)
+		require.True(t, rec.InProgress())
+		require.False(t, rec.CreatedAt.IsZero())
+		require.True(t, rec.CompletedAt.IsZero())
+		require.Equal(t, rec, x.get(t, p.Scope, p.Key))
+	}},
+
+	{"claim/loses to an in-progress row and gets it", func(t *testing.T, x *suite) {
+		first := params(t, "user-1", "key-1", "a")
+		x.claim(t, first)
+		rec := x.lose(t, params(t, "user-1", "key-1", "b"))
+		require.Equal(t, first.Fingerprint, rec.Fingerprint, "the first request's fingerprint")
+		require.Equal(t, first.Owner, rec.Owner)
+		require.True(t, rec.InProgress())
+	}},
+
+	{"claim/loses to a finished row and gets its answer", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		x.claim(t, p)
+		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
+		retry := p
+		retry.Owner = newToken(t)
+		rec := x.lose(t, retry)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		requireAnswer(t, answer(), rec)
+	}},
+
+	{"claim/one winner among 64 racing claims", func(t *testing.T, x *suite) {
+		race(t, x, func() {})
+	}},
+
+	{"claim/one winner among 64 racing takeovers of an expired key", func(t *testing.T, x *suite) {
+		old := params(t, "user-1", "key-1", "old")
+		x.claim(t, old)
+		race(t, x, func() { x.expire(t, old.Scope, old.Key) })
+	}},
+
+	{"scopes are isolated", func(t *testing.T, x *suite) {
+		a := params(t, "user-a", "key-1", "a")
+		b := params(t, "user-b", "key-1", "b")
+		x.claim(t, a)
+		x.claim(t, b) // the same key in another scope is a new key
+		require.NoError(t, x.s.Complete(x.ctx, a.Scope, a.Key, a.Owner, answer()))
+		require.True(t, x.get(t, b.Scope, b.Key).InProgress())
+		require.NoError(t, x.s.ReleaseInProgress(x.ctx, b.Scope, b.Key))
+		requireAnswer(t, answer(), x.get(t, a.Scope, a.Key))
+		x.notFound(t, b.Scope, b.Key)
+		x.notFound(t, "user-c", "key-1")
+		// Scope and key do not run into each other.
+		x.claim(t, params(t, "user-ak", "ey-1", "c"))
+		x.claim(t, params(t, "user-", "akey-1", "c"))
+	}},
+
+	{"expiry/an expired row is not found", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		x.claim(t, p)
+		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
+		x.get(t, p.Scope, p.Key) // still live
+		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2+time.Hour)
+		x.notFound(t, p.Scope, p.Key)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key), durable.ErrNotFound)
+	}},
+
+	{"expiry/claim takes over an expired row", func(t *testing.T, x *suite) {
+		for _, finished := range []bool{false, true} {
+			old := params(t, "user-1", "key-1", "old")
+			x.claim(t, old)
+			if finished {
+				require.NoError(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()))
+			}
+			x.expire(t, old.Scope, old.Key)
+			next := params(t, "user-1", "key-1", "new")
+			rec := x.claim(t, next)
+			require.Equal(t, next.Fingerprint, rec.Fingerprint, "a new intent")
+			require.Equal(t, next.Owner, rec.Owner)
+			require.True(t, rec.InProgress(), "no answer of the old intent")
+			require.ErrorIs(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()), durable.ErrNotOwner)
+			require.NoError(t, x.s.Complete(x.ctx, next.Scope, next.Key, next.Owner, durable.Answer{Status: 200}))
+			x.expire(t, next.Scope, next.Key)
+		}
+	}},
+
+	{"expiry/insert takes over an expired row", func(t *testing.T, x *suite) {
+		old := params(t, "user-1", "key-1", "old")
+		x.claim(t, old)
+		require.NoError(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()))
+		x.expire(t, old.Scope, old.Key)
+		next := params(t, "user-1", "key-1", "new")
+		want := durable.Answer{Status: 402, Body: []byte("declined")}
+		rec, err := x.s.Insert(x.ctx, next, &want)
+		require.NoError(t, err)
+		require.Equal(t, next.Fingerprint, rec.Fingerprint)
+		requireAnswer(t, want, x.get(t, next.Scope, next.Key))
+	}},
+
+	{"complete/only the owner completes, once", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+		x.claim(t, p)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), answer()), durable.ErrNotOwner)
+		require.True(t, x.get(t, p.Scope, p.Key).InProgress(), "nothing written")
+		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
+		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
+
+		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200})
+		require.ErrorIs(t, err, durable.ErrCompleted)
+		err = x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), durable.Answer{Status: 200})
+		require.Error(t, err)
+		require.True(t, errorIsAny(err, durable.ErrNotOwner, durable.ErrCompleted), "got %v", err)
+		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
+	}},
+
+	{"release/only the owner releases an in-progress row", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
+		x.claim(t, p)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, newToken(t)), durable.ErrNotOwner)
+		x.get(t, p.Scope, p.Key)
+		require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
+		x.notFound(t, p.Scope, p.Key)
+		x.claim(t, params(t, "user-1", "key-1", "b")) // the next claim wins
+
+		q := params(t, "user-1", "key-2", "a")
+		x.claim(t, q)
+		require.NoError(t, x.s.Complete(x.ctx, q.Scope, q.Key, q.Owner, answer()))
+		require.ErrorIs(t, x.s.Release(x.ctx, q.Scope, q.Key, q.Owner), durable.ErrCompleted, "a finished row is never released")
+		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
+	}},
+
+	{"release in progress/whoever owns it, never a finished row", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key), durable.ErrNotFound)
+		x.claim(t, p)
+		require.NoError(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key))
+		x.notFound(t, p.Scope, p.Key)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+
+		q := params(t, "user-1", "key-2", "a")
+		x.claim(t, q)
+		require.NoError(t, x.s.Complete(x.ctx, q.Scope, q.Key, q.Owner, answer()))
+		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, q.Scope, q.Key), durable.ErrCompleted)
+		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
+	}},
+
+	{"settle/stores the answer of an in-progress row whoever owns it", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()), durable.ErrNotFound)
+		x.claim(t, p)
+		require.NoError(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()))
+		rec := x.get(t, p.Scope, p.Key)
+		requireAnswer(t, answer(), rec)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+		retry := p
+		retry.Owner = newToken(t)
+		requireAnswer(t, answer(), x.lose(t, retry))
+
+		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, durable.Answer{Status: 200}), durable.ErrCompleted)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}), durable.ErrCompleted)
+		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
+	}},
+
+	{"insert/writes an in-progress or a finished row, never over a live one", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		rec, err := x.s.Insert(x.ctx, p, nil)
+		require.NoError(t, err)
+		require.True(t, rec.InProgress())
+		require.Equal(t, p.Owner, rec.Owner)
+		require.True(t, x.get(t, p.Scope, p.Key).InProgress())
+
+		_, err = x.s.Insert(x.ctx, params(t, "user-1", "key-1", "b"), &durable.Answer{Status: 200})
+		require.ErrorIs(t, err, durable.ErrExists)
+		rec = x.get(t, p.Scope, p.Key)
+		require.True(t, rec.InProgress(), "unchanged")
+		require.Equal(t, p.Fingerprint, rec.Fingerprint)
+
+		q := params(t, "user-1", "key-2", "a")
+		a := answer()
+		rec, err = x.s.Insert(x.ctx, q, &a)
+		require.NoError(t, err)
+		requireAnswer(t, answer(), rec)
+		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
+		_, err = x.s.Insert(x.ctx, params(t, "user-1", "key-2", "b"), nil)
+		require.ErrorIs(t, err, durable.ErrExists)
+		x.lose(t, params(t, "user-1", "key-2", "a"))
+	}},
+
+	{"get/not found", func(t *testing.T, x *suite) {
+		x.notFound(t, "user-1", "key-1")
+		x.claim(t, params(t, "user-1", "key-1", "a"))
+		x.notFound(t, "user-1", "key-2")
+		x.notFound(t, "user-2", "key-1")
+	}},
+
+	{"answers round-trip byte for byte", func(t *testing.T, x *suite) {
+		answers := []durable.Answer{
+			answer(),
+			{Status: 204}, // nil header and body
+			{Status: 200, Header: http.Header{}, Body: []byte{}}, // empty
+			{Status: 100},
+			{Status: 499, Body: bytes.Repeat([]byte{0, 1, 2, 0xfe, 0xff}, 20000)}, // 100 KB of binary
+		}
+		for i, want := range answers {
+			// Through Complete, Settle and Insert, read back by Get and by
+			// a losing Claim.
+			c := params(t, "user-1", "complete-"+string(rune('a'+i)), "a")
+			x.claim(t, c)
+			require.NoError(t, x.s.Complete(x.ctx, c.Scope, c.Key, c.Owner, want))
+			s := params(t, "user-1", "settle-"+string(rune('a'+i)), "a")
+			x.claim(t, s)
+			require.NoError(t, x.s.Settle(x.ctx, s.Scope, s.Key, want))
+			n := params(t, "user-1", "insert-"+string(rune('a'+i)), "a")
+			w := want
+			_, err := x.s.Insert(x.ctx, n, &w)
+			require.NoError(t, err)
+			for _, p := range []durable.ClaimParams{c, s, n} {
+				requireAnswer(t, want, x.get(t, p.Scope, p.Key))
+				retry := p
+				retry.Owner = newToken(t)
+				requireAnswer(t, want, x.lose(t, retry))
+			}
+		}
+	}},
+
+	{"sweep/deletes expired rows only", func(t *testing.T, x *suite) {
+		if x.h.Sweep == nil {
+			t.Skip("idemtest: Harness.Sweep not set")
+		}
+		for i, finished := range []bool{false, true, false, true} {
+			p := params(t, "user-1", "key-"+string(rune('a'+i)), "a")
+			x.claim(t, p)
+			if finished {
+				require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
+			}
+			if i < 3 {
+				x.expire(t, p.Scope, p.Key)
+			} else {
+				x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
+			}
+		}
+		live := params(t, "user-1", "live", "a")
+		x.claim(t, live)
+
+		n, err := x.h.Sweep(t, x.s)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, n)
+		x.get(t, live.Scope, live.Key)
+		requireAnswer(t, answer(), x.get(t, "user-1", "key-d"))
+		n, err = x.h.Sweep(t, x.s)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}},
+}
+
+// race has 64 goroutines claim one key at once, after prepare, and checks
+// that exactly one wins and every other gets the winner's row.
+func race(t *testing.T, x *suite, prepare func()) {
+	const n = 64
+	prepare()
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		ps      [n]durable.ClaimParams
+		recs    [n]durable.Record
+		claimed [n]bool
+		errs    [n]error
+	)
+	for i := range n {
+		ps[i] = params(t, "user-1", "key-1", "same body")
+		wg.Go(func() {
+			<-start
+			recs[i], claimed[i], errs[i] = x.s.Claim(x.ctx, ps[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	winner := -1
+	for i := range n {
+		require.NoError(t, errs[i])
+		if claimed[i] {
+			require.Equal(t, -1, winner, "two claims won")
+			winner = i
+		}
+	}
+	require.NotEqual(t, -1, winner, "no claim won")
+	for i := range n {
+		require.Equal(t, ps[winner].Owner, recs[i].Owner, "claim %d sees the winner's row", i)
+		require.True(t, recs[i].InProgress())
+	}
+	require.Equal(t, ps[winner].Owner, x.get(t, "user-1", "key-1").Owner)
+}
+
+func errorIsAny(err error, targets ...error) bool {
+	for _, target := range targets {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
