@@ -16,6 +16,8 @@
 //	response_body      bytea
 //	created_at         timestamptz, the database's now() at the claim
 //	completed_at       timestamptz, the database's now() at completion
+//	reconcile_attempts integer, failed reconciliation attempts (migration 0002)
+//	reconcile_after    timestamptz, when the reconciler may try again
 //
 // A row is in progress (no answer yet) or finished; the status and
 // completed_at are NULL together. Every timestamp comes from the database
@@ -33,8 +35,10 @@
 //
 // Each call is one SQL statement, so one round trip, and safe to run
 // concurrently from any number of instances: Claim decides the winner with
-// INSERT ... ON CONFLICT in the same statement that returns the existing
-// row to the losers; Complete, Settle, Release and ReleaseInProgress are one
+// INSERT ... ON CONFLICT DO NOTHING (and an UPDATE that takes over an expired
+// row) in the same statement that returns the existing row to the losers. A
+// lost claim (a replay, a retry in progress, a reused key) locks and writes
+// nothing: it costs what a SELECT costs; Complete, Settle, Release and ReleaseInProgress are one
 // guarded UPDATE or DELETE. The exceptions, each documented on its method,
 // are a Claim that races with another claimer (one more statement), the
 // failure paths of the guarded writes (one more statement to tell ErrNotFound,

@@ -30,33 +30,48 @@ func newStatements(t string) *statements {
 	return &statements{
 		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
 		//
-		// ins inserts the row, or takes over an expired one; the second
-		// branch returns the live row that stopped it. Under READ COMMITTED
-		// that branch reads the statement's snapshot, so a row another
-		// claimer committed after it started is not seen: the statement
-		// then returns no row and Claim falls back to Get.
+		// upd takes over an expired row; ins inserts the row when there is
+		// none; the last branch returns the live row that stopped both.
+		// When the key is live (a replay, a retry in progress, a reused
+		// key) neither upd nor ins writes or locks anything: the UPDATE's
+		// WHERE filters the row out before locking it, and ON CONFLICT DO
+		// NOTHING skips on its pre-check. So a lost claim is a plain read:
+		// no transaction id, no WAL, no commit flush. (ON CONFLICT DO
+		// UPDATE ... WHERE expired would lock the live row, a WAL write.)
+		//
+		// Under READ COMMITTED the last branch reads the statement's
+		// snapshot, so a row another claimer committed after it started
+		// is not seen: the statement then returns no row and Claim falls
+		// back to Get. Two takeovers of one expired row serialise on its
+		// row lock; the second re-checks the WHERE against the new
+		// version, finds it live, and updates nothing.
 		claim: r.Replace(`
-WITH ins AS (
-	INSERT INTO {t} AS t (user_id, key, request_hash, owner_token)
-	VALUES ($1, $2, $3, $4)
-	ON CONFLICT (user_id, key) DO UPDATE SET
-		request_hash     = excluded.request_hash,
-		owner_token      = excluded.owner_token,
-		response_status  = NULL,
-		response_headers = NULL,
-		response_body    = NULL,
-		created_at       = now(),
-		completed_at     = NULL,
+WITH upd AS (
+	UPDATE {t} SET
+		request_hash       = $3,
+		owner_token        = $4,
+		response_status    = NULL,
+		response_headers   = NULL,
+		response_body      = NULL,
+		created_at         = now(),
+		completed_at       = NULL,
 		reconcile_attempts = 0,
 		reconcile_after    = NULL
-	WHERE t.created_at < now() - $5::bigint * interval '1 microsecond'
+	WHERE user_id = $1 AND key = $2 AND created_at < now() - $5::bigint * interval '1 microsecond'
+	RETURNING {cols}
+), ins AS (
+	INSERT INTO {t} (user_id, key, request_hash, owner_token)
+	SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM upd)
+	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
 )
+SELECT {cols}, true FROM upd
+UNION ALL
 SELECT {cols}, true FROM ins
 UNION ALL
 SELECT {cols}, false FROM {t}
 WHERE user_id = $1 AND key = $2 AND created_at >= now() - $5::bigint * interval '1 microsecond'
-	AND NOT EXISTS (SELECT 1 FROM ins)`),
+	AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)`),
 
 		// $1 scope, $2 key, $3 retention.
 		get: r.Replace(`
