@@ -481,15 +481,33 @@ func (g *Guard) storeContext(ctx context.Context) (context.Context, context.Canc
 }
 
 // Settle stores the final answer of a key left in progress (by a 5xx, an
-// error or a crash), so that the next retry is replayed resp. It is the
-// reconciler's call: use it once the real outcome is known. It returns
-// durable.ErrNotFound when no live row exists and durable.ErrCompleted when
-// the key already has an answer.
+// error or a crash), so that the next retry is replayed resp. Use it once the
+// real outcome is known. It returns durable.ErrNotFound when no live row
+// exists and durable.ErrCompleted when the key already has an answer.
+// Reconcilers use SettleOwned.
 func (g *Guard) Settle(ctx context.Context, scope, key string, resp Response) error {
+	return g.settle(ctx, scope, key, nil, resp)
+}
+
+// SettleOwned is Settle restricted to the claim of owner, the row's owner
+// token as the reconciler listed it: if the key has been released and claimed
+// again by a new request meanwhile, it returns durable.ErrNotOwner and
+// changes nothing.
+func (g *Guard) SettleOwned(ctx context.Context, scope, key string, owner durable.Token, resp Response) error {
+	return g.settle(ctx, scope, key, &owner, resp)
+}
+
+func (g *Guard) settle(ctx context.Context, scope, key string, owner *durable.Token, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
-	if err := g.store.Settle(ctx, scope, key, durable.Answer(resp)); err != nil {
+	var err error
+	if owner != nil {
+		err = g.store.Complete(ctx, scope, key, *owner, durable.Answer(resp))
+	} else {
+		err = g.store.Settle(ctx, scope, key, durable.Answer(resp))
+	}
+	if err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
 	g.tel.add(ctx, evSettled)
@@ -499,17 +517,44 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, resp Response) er
 }
 
 // Release deletes a key left in progress, declaring that nothing happened:
-// the next retry runs the work. It is the reconciler's call. It returns
-// durable.ErrNotFound when no live row exists and durable.ErrCompleted when
-// the key already has an answer (which is never released).
+// the next retry runs the work. It returns durable.ErrNotFound when no live
+// row exists and durable.ErrCompleted when the key already has an answer
+// (which is never released). Reconcilers use ReleaseOwned.
 func (g *Guard) Release(ctx context.Context, scope, key string) error {
-	if err := g.store.ReleaseInProgress(ctx, scope, key); err != nil {
+	return g.release(ctx, scope, key, nil)
+}
+
+// ReleaseOwned is Release restricted to the claim of owner: a key claimed
+// again by a new request meanwhile is not released (durable.ErrNotOwner).
+func (g *Guard) ReleaseOwned(ctx context.Context, scope, key string, owner durable.Token) error {
+	return g.release(ctx, scope, key, &owner)
+}
+
+func (g *Guard) release(ctx context.Context, scope, key string, owner *durable.Token) error {
+	var err error
+	if owner != nil {
+		err = g.store.Release(ctx, scope, key, *owner)
+	} else {
+		err = g.store.ReleaseInProgress(ctx, scope, key)
+	}
+	if err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
 	g.tel.add(ctx, evReleased)
 	g.log.LogAttrs(ctx, slog.LevelInfo, "idem: key released",
 		slog.String("key_hash", KeyHash(scope, key)))
 	return nil
+}
+
+// MaxHold is the longest a request may keep its key in progress while it
+// runs: WorkTimeout plus StoreTimeout. It is 0 when there is no bound (table
+// strategy without a WorkTimeout). A reconciler must leave keys younger than
+// this alone.
+func (g *Guard) MaxHold() time.Duration {
+	if g.workTimeout <= 0 {
+		return 0
+	}
+	return g.workTimeout + g.storeTimeout
 }
 
 // MarkRetrySafe declares, from inside the work (ctx is the work's context or

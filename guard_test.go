@@ -669,3 +669,36 @@ func TestOutcomeString(t *testing.T) {
 	require.True(t, idem.OutcomeExecutedPending.Executed())
 	require.False(t, idem.OutcomeReplayed.Executed())
 }
+
+// SettleOwned and ReleaseOwned touch only the claim they name: a key claimed
+// again by a new request meanwhile is left alone.
+func TestOwnedSettleAndRelease(t *testing.T) {
+	b := setup(t, "table")
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	_, _, _ = b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
+	rec, err := b.store.Get(ctx, r.Scope, r.Key)
+	require.NoError(t, err)
+
+	require.ErrorIs(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, durable.Token{9}, created("x")), durable.ErrNotOwner)
+	require.ErrorIs(t, b.guard.ReleaseOwned(ctx, r.Scope, r.Key, durable.Token{9}), durable.ErrNotOwner)
+	require.ErrorContains(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, rec.Owner, idem.Response{Status: 500}), "cannot be stored")
+	require.NoError(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, rec.Owner, created("owned")))
+	resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out)
+	require.Equal(t, "/orders/owned", resp.Header.Get("Location"))
+
+	r2 := req("u", newKey(), "y")
+	_, _, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
+	rec2, err := b.store.Get(ctx, r2.Scope, r2.Key)
+	require.NoError(t, err)
+	require.NoError(t, b.guard.ReleaseOwned(ctx, r2.Scope, r2.Key, rec2.Owner))
+	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: created("again")}).work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out)
+	require.EqualValues(t, 1, b.guard.Stats().Settled)
+	require.EqualValues(t, 1, b.guard.Stats().Released)
+
+	require.Zero(t, b.guard.MaxHold(), "table mode without WorkTimeout: unbounded")
+}

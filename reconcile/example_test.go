@@ -73,12 +73,14 @@ func ExampleReconciler_RunOnce() {
 			Body:   []byte(`{"order":"A1"}`),
 		}}, nil
 	}, &reconcile.Config{
-		// Only so that the example runs at once: keep MinAge longer than
-		// the Guard's WorkTimeout + StoreTimeout in production.
-		MinAge: time.Microsecond,
+		MinAge: time.Minute, // longer than the Guard's MaxHold (20s + 5s)
 		Logger: quiet,
 	})
 	if err != nil {
+		log.Fatal(err)
+	}
+	// Only so that the example runs at once: pretend two minutes passed.
+	if _, err := pool.Exec(ctx, "UPDATE "+store.Table()+" SET created_at = now() - interval '2 minutes'"); err != nil {
 		log.Fatal(err)
 	}
 	res, err := rec.RunOnce(ctx)

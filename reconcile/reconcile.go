@@ -51,7 +51,6 @@ package reconcile
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -123,13 +122,19 @@ type Decision struct {
 // is tried again after a backoff. It is called from one goroutine at a time.
 type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 
-// Guard is how a Reconciler settles and releases keys. *idem.Guard
-// satisfies it: use the Guard that serves the requests, so that its stats,
-// logs and metrics see the reconciler's actions.
+// Guard is how a Reconciler settles and releases keys, each restricted to
+// the claim it listed (so a key released and claimed again by a new request
+// meanwhile is left alone). *idem.Guard satisfies it: use the Guard that
+// serves the requests, so that its stats, logs and metrics see the
+// reconciler's actions.
 type Guard interface {
-	Settle(ctx context.Context, scope, key string, resp idem.Response) error
-	Release(ctx context.Context, scope, key string) error
+	SettleOwned(ctx context.Context, scope, key string, owner durable.Token, resp idem.Response) error
+	ReleaseOwned(ctx context.Context, scope, key string, owner durable.Token) error
 }
+
+// maxHolder is implemented by *idem.Guard: the longest a request may keep
+// its key in progress while running.
+type maxHolder interface{ MaxHold() time.Duration }
 
 // Store is what a Reconciler needs from the durable store, besides the
 // Guard's calls. *durable.Store satisfies it: pass the store the Guard uses.
@@ -285,6 +290,14 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 	if c.BackoffMax < c.BackoffBase {
 		return nil, fmt.Errorf("reconcile: Config.BackoffMax %v: must not be shorter than Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
+	if mh, ok := guard.(maxHolder); ok {
+		switch hold := mh.MaxHold(); {
+		case hold > 0 && c.MinAge <= hold:
+			return nil, fmt.Errorf("reconcile: Config.MinAge %v: must be longer than the Guard's MaxHold %v (WorkTimeout + StoreTimeout), or running requests could be settled under their feet", c.MinAge, hold)
+		case hold == 0:
+			c.Logger.Warn("idem: reconcile: the Guard has no WorkTimeout, so nothing bounds how long a running request holds its key; make sure Config.MinAge is longer than any request", "min_age", c.MinAge)
+		}
+	}
 	return &Reconciler{
 		guard:   guard,
 		store:   store,
@@ -422,9 +435,9 @@ func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Resul
 			return
 		}
 		if dec.Verdict == Settled {
-			err = r.guard.Settle(sctx, d.Scope, d.Key, dec.Response)
+			err = r.guard.SettleOwned(sctx, d.Scope, d.Key, d.Owner, dec.Response)
 		} else {
-			err = r.guard.Release(sctx, d.Scope, d.Key)
+			err = r.guard.ReleaseOwned(sctx, d.Scope, d.Key, d.Owner)
 		}
 		switch {
 		case gone(err):
@@ -555,10 +568,5 @@ func gone(err error) bool {
 	return errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrNotOwner)
 }
 
-// keyHash identifies a key in logs without revealing it: the first 8 bytes,
-// in hex, of the fingerprint of its length-prefixed scope and key. It is the
-// hash the Guard logs, so lines of both can be matched.
-func keyHash(scope, key string) string {
-	fp := idem.HashParts([]byte(scope), []byte(key))
-	return hex.EncodeToString(fp[:8])
-}
+// keyHash is the Guard's, so lines of both can be matched.
+func keyHash(scope, key string) string { return idem.KeyHash(scope, key) }

@@ -628,6 +628,15 @@ func TestNewValidation(t *testing.T) {
 		_, err := reconcile.New(g, store, pool, resolve, cfg)
 		require.ErrorContains(t, err, "reconcile: "+name, name)
 	}
+	// MinAge must exceed how long a running request may hold its key.
+	bounded, err := idem.New(store, &idem.Config{WorkTimeout: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute+5*time.Second, bounded.MaxHold())
+	_, err = reconcile.New(bounded, store, pool, resolve, nil) // default MinAge 1m
+	require.ErrorContains(t, err, "Config.MinAge")
+	_, err = reconcile.New(bounded, store, pool, resolve, &reconcile.Config{MinAge: 2 * time.Minute})
+	require.NoError(t, err)
+
 	_, err = reconcile.New(nil, store, pool, resolve, nil)
 	require.Error(t, err)
 	_, err = reconcile.New(g, nil, pool, resolve, nil)
