@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -165,6 +166,25 @@ func TestPaymentTimeout(t *testing.T) {
 			require.Equal(t, problemBase+"request-in-progress", retry.problemType(t))
 		}
 		require.Equal(t, 1, a.charges(t), "a retry never charges twice")
+
+		// Once the key is older than -reconcile-after (1m: pretend it is),
+		// the reconciler asks the provider about order-{public_id}, finds
+		// the charge and settles the key with the real answer.
+		_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys SET created_at = now() - interval '2 minutes'`)
+		require.NoError(t, err)
+		var settled reply
+		require.Eventually(t, func() bool {
+			settled = a.postOrder(t, user, key, body)
+			return settled.Status != http.StatusConflict
+		}, 15*time.Second, 50*time.Millisecond)
+		require.Equal(t, http.StatusCreated, settled.Status, "body: %s", settled.Body)
+		require.True(t, settled.replayed())
+		o := decodeOrderReply(t, settled)
+		require.Equal(t, "paid", o.Status)
+		require.Equal(t, "/orders/"+o.ID, settled.Header.Get("Location"))
+		got := a.do(t, http.MethodGet, "/orders/"+o.ID, user, "", "")
+		require.Equal(t, "paid", decodeOrderReply(t, got).Status)
+		require.Equal(t, 1, a.charges(t), "reconciliation charges nothing")
 	})
 }
 

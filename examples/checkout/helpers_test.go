@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -69,6 +70,8 @@ type app struct {
 	base   string
 	client *http.Client
 	log    *syncBuffer
+	schema string        // set by start
+	pool   *pgxpool.Pool // set by start: the test's own connection
 }
 
 // testDatabaseURL is TEST_DATABASE_URL with a bounded pool per server.
@@ -86,10 +89,14 @@ func testDatabaseURL(t *testing.T) string {
 // when t ends.
 func start(t *testing.T, args ...string) *app {
 	t.Helper()
-	schema := testdb.Schema(t, testdb.Pool(t))
-	return startRaw(t, append([]string{
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t, pool)
+	a := startRaw(t, append([]string{
 		"-addr", "127.0.0.1:0", "-database-url", testDatabaseURL(t), "-schema", schema, "-work", "20ms",
+		"-reconcile-every", "50ms",
 	}, args...)...)
+	a.schema, a.pool = schema, pool
+	return a
 }
 
 // startRaw runs the service with exactly args.

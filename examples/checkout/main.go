@@ -17,6 +17,9 @@
 //	                         in-process miniredis (default $REDIS_ADDR, else embedded)
 //	-work DURATION           latency of the fake payment call (default 400ms)
 //	-ttl DURATION            how long idempotency keys are kept (default 24h)
+//	-reconcile-every D       how often the reconciler runs (default 10s)
+//	-reconcile-after D       age of an in-progress key before it is reconciled (default 1m)
+//	-sweep-every D           how often expired keys are deleted (default 1h)
 //
 // Routes:
 //
@@ -26,7 +29,9 @@
 //	GET  /payrail/charges {"count": N}: charges the fake provider has performed
 //
 // payment_method pm_declined answers 402 (stored and replayed); pm_timeout
-// charges but answers 504, which leaves the key in progress (retries get 409).
+// charges but answers 504, which leaves the key in progress: retries get 409
+// until the reconciler has asked the provider about the order's payment key
+// (order-{public_id}) and settled the key with the real answer (201).
 //
 // It prints "listening on http://ADDR" to stdout once it accepts connections,
 // logs to stderr, and shuts down gracefully on SIGINT or SIGTERM. Invalid
@@ -56,6 +61,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/lock"
+	"github.com/idemguard/idem/reconcile"
 )
 
 const (
@@ -66,8 +72,10 @@ const (
 	// problemBase prefixes the type URI of every problem the service sends.
 	problemBase = "https://stagedoor.example/problems/"
 
-	// sweepInterval is how often expired keys are deleted.
-	sweepInterval = time.Hour
+	// workTimeout bounds a request's work in table mode (the hybrid's
+	// default, 24s, ends before its Redis lease); the reconciler leaves keys
+	// younger than that (plus the store timeout) alone.
+	workTimeout = 20 * time.Second
 	// shutdownTimeout bounds how long in-flight requests may finish at
 	// shutdown.
 	shutdownTimeout = 15 * time.Second
@@ -108,6 +116,10 @@ type config struct {
 	redisAddr   string
 	work        time.Duration
 	ttl         time.Duration
+
+	reconcileEvery time.Duration
+	reconcileAfter time.Duration
+	sweepEvery     time.Duration
 }
 
 // parseFlags parses args. Errors wrap errUsage (or are flag.ErrHelp) and have
@@ -124,6 +136,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
 	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
 	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept")
+	fs.DurationVar(&c.reconcileEvery, "reconcile-every", 10*time.Second, "how often the reconciler looks for keys a 5xx left in progress")
+	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the work timeout + 5s)")
+	fs.DurationVar(&c.sweepEvery, "sweep-every", durable.DefaultSweepInterval, "how often expired keys are deleted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -164,6 +179,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.ttl < time.Second {
 		return usage("-ttl %v must be at least 1s", c.ttl)
+	}
+	for name, d := range map[string]time.Duration{"-reconcile-every": c.reconcileEvery, "-reconcile-after": c.reconcileAfter, "-sweep-every": c.sweepEvery} {
+		if d <= 0 {
+			return usage("%s %v must be positive", name, d)
+		}
 	}
 	// The store's own rules (schema name) are checked without a database.
 	if err := c.storeConfig().Validate(); err != nil {
@@ -216,6 +236,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// Redis, for the hybrid strategy only.
 	gcfg := &idem.Config{Logger: log}
+	if cfg.strategy == idem.StrategyTable {
+		gcfg.WorkTimeout = workTimeout
+	}
 	redisDesc := "unused"
 	if cfg.strategy == idem.StrategyHybrid {
 		addr := cfg.redisAddr
@@ -282,11 +305,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
 		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl)
 
-	sweepCtx, stopSweeper := context.WithCancel(context.WithoutCancel(ctx))
+	// Maintenance, on every instance; each takes a PostgreSQL advisory lock,
+	// so one instance at a time does the work.
+	sweeper, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{Interval: cfg.sweepEvery, Logger: log})
+	if err != nil {
+		return err
+	}
+	reconciler, err := reconcile.New(guard, store, pool, c.resolve, &reconcile.Config{
+		Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	maintCtx, stopMaintenance := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { sweep(sweepCtx, store, log) })
+	wg.Go(func() { _ = sweeper.Run(maintCtx) })
+	wg.Go(func() { _ = reconciler.Run(maintCtx) })
 	defer func() {
-		stopSweeper()
+		stopMaintenance()
 		wg.Wait()
 	}()
 
@@ -331,29 +367,6 @@ func renderProblem(w http.ResponseWriter, r *http.Request, p idem.Problem) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
 	}
 	idem.RenderProblem(w, r, p)
-}
-
-// sweep deletes expired keys now and then every sweepInterval until ctx ends.
-// (A later version replaces it with a proper periodic runner.)
-func sweep(ctx context.Context, store *durable.Store, log *slog.Logger) {
-	t := time.NewTicker(sweepInterval)
-	defer t.Stop()
-	for {
-		n, err := store.Sweep(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			log.Error("checkout: sweep failed", "deleted", n, "error", err)
-		case n > 0:
-			log.Info("checkout: swept expired keys", "deleted", n)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // describeDB names the database for logs without its password, whatever form

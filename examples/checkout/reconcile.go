@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/reconcile"
+)
+
+// resolve is the reconciler's question to the world: what really happened to
+// the request that left this key in progress? The key names the intent, the
+// intent names the order (orderID), and the order names its charge at the
+// provider (order-{public_id}), so the answer is one lookup away.
+//
+//   - no order: the order row is written before any charge, so nothing was
+//     charged; the key is released and the client's next retry runs.
+//   - an order, but no charge under its key: the request died before the
+//     charge; released likewise (the retry finds the order and charges it).
+//   - a charge: the order's final state is recorded and the key is settled
+//     with the answer the request would have given, which the next retry
+//     gets (201, or 402 for a decline).
+func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+	o, found, err := c.orders.get(ctx, orderID(idem.Request{Scope: it.Scope, Key: it.Key}))
+	if err != nil {
+		return reconcile.Decision{}, err // unknown: tried again later
+	}
+	if !found {
+		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
+	}
+	ch, charged := c.payrail.Lookup(o.paymentKey())
+	if !charged {
+		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
+	}
+	resp := declinedResponse()
+	if ch.Status == ChargeDeclined {
+		o.Status = OrderDeclined
+	} else {
+		o.Status, o.ChargeID = OrderPaid, ch.ID
+		resp = createdResponse(o)
+	}
+	if err := c.orders.update(ctx, c.orders.pool, o); err != nil {
+		return reconcile.Decision{}, err
+	}
+	return reconcile.Decision{Verdict: reconcile.Settled, Response: resp}, nil
+}
