@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemguard/idem/internal/advisory"
+	"github.com/idemguard/idem/internal/periodic"
 )
 
 // Acquirer hands out a dedicated connection, on which a job holds its
@@ -74,11 +74,11 @@ type SweeperConfig struct {
 // A Sweeper is safe for concurrent use; [Sweeper.Run] may be running at most
 // once per Sweeper at a time.
 type Sweeper struct {
-	store   *Store
-	pool    Acquirer
-	cfg     SweeperConfig
-	key     int64
-	running atomic.Bool
+	store *Store
+	pool  Acquirer
+	cfg   SweeperConfig
+	key   int64
+	loop  periodic.Runner
 }
 
 // NewSweeper returns a Sweeper of store's table that takes its advisory lock
@@ -140,24 +140,10 @@ func NewSweeper(store *Store, pool Acquirer, cfg *SweeperConfig) (*Sweeper, erro
 // is released, and Run returns nil. It returns an error only when Run is
 // already running on this Sweeper.
 func (sw *Sweeper) Run(ctx context.Context) error {
-	if !sw.running.CompareAndSwap(false, true) {
+	if !sw.loop.Run(ctx, sw.cfg.Interval, func(ctx context.Context) { _, _ = sw.SweepOnce(ctx) }) {
 		return errors.New("durable: Sweeper.Run is already running")
 	}
-	defer sw.running.Store(false)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		_, _ = sw.SweepOnce(ctx)
-		timer.Reset(sw.cfg.Interval)
-	}
+	return nil
 }
 
 // SweepOnce runs one sweep, for tests and for cron-style use: it takes the

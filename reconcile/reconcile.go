@@ -56,7 +56,6 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,6 +63,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/advisory"
+	"github.com/idemguard/idem/internal/periodic"
 )
 
 // Verdict is what a [ResolveFunc] learned about a key left in progress.
@@ -234,7 +234,7 @@ type Reconciler struct {
 	resolve ResolveFunc
 	cfg     Config
 	key     int64
-	running atomic.Bool
+	loop    periodic.Runner
 }
 
 // New returns a Reconciler that settles and releases keys through guard,
@@ -316,24 +316,10 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 // still recorded), releases the lock and returns nil. It returns an error
 // only when Run is already running on this Reconciler.
 func (r *Reconciler) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
+	if !r.loop.Run(ctx, r.cfg.Interval, func(ctx context.Context) { _, _ = r.RunOnce(ctx) }) {
 		return errors.New("reconcile: Reconciler.Run is already running")
 	}
-	defer r.running.Store(false)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		_, _ = r.RunOnce(ctx)
-		timer.Reset(r.cfg.Interval)
-	}
+	return nil
 }
 
 // RunOnce runs one reconciliation, for tests and cron-style use. Under the
