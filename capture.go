@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // errNotStorable marks an answer that was delivered but cannot be stored: it
@@ -104,7 +105,9 @@ func (rc *recorder) result() (Response, error) {
 }
 
 // captureHeaders copies the allowlisted headers, dropping values a client
-// could not have received as sent (CR, LF or NUL inside).
+// could not have received as sent (CR, LF or NUL inside) and values that are
+// not valid UTF-8 (obs-text such as a Latin-1 ETag), which the store's JSON
+// could not keep byte for byte: a header is replayed as sent or not at all.
 func captureHeaders(h http.Header, allow []string) http.Header {
 	out := make(http.Header, len(allow))
 	n := 0
@@ -119,7 +122,7 @@ func captureHeaders(h http.Header, allow []string) http.Header {
 		}
 		kept := all[len(all) : len(all) : len(all)+len(vs)]
 		for _, v := range vs {
-			if !strings.ContainsAny(v, "\r\n\x00") {
+			if !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v) {
 				kept = append(kept, v)
 			}
 		}

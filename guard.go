@@ -356,7 +356,7 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 	// The lease is ours. Give it back when done, unless the work ran and its
 	// outcome could not be recorded: then the lease is all that stops a retry
 	// from running the work again, so it is left to expire by its TTL.
-	x := &execution{g: g, req: req, owner: newToken(), mode: StrategyHybrid}
+	x := &execution{g: g, req: req, owner: newToken(), mode: StrategyHybrid, lease: lease}
 	defer func() {
 		if x.keepLease {
 			return
@@ -602,6 +602,8 @@ type execution struct {
 	joined    atomic.Bool // Complete wrote the answer through the caller's transaction
 	stored    []string    // middleware: the header allowlist, applied by Complete
 	keepLease bool        // hybrid: the durable row could not be written
+	lease     *lock.Lease // hybrid: the lease this execution runs under
+	extended  bool        // hybrid: the lease was extended to the retention
 
 	// parent is the context the work's context derives from: an execution
 	// is itself the context.Context that carries it (like the standard
@@ -698,11 +700,9 @@ func (x *execution) run(ctx context.Context, bound func(context.Context) (contex
 		}
 		createdAt = rec.CreatedAt
 	} else {
-		sctx, cancel := x.g.storeContext(ctx)
-		t0 := x.g.tel.start()
-		cerr := x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
-		x.g.tel.since(ctx, phaseStore, t0)
-		cancel()
+		cerr := x.retry(ctx, func(sctx context.Context) error {
+			return x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
+		})
 		if cerr != nil {
 			x.storeFailed(ctx, "complete", cerr)
 			return resp, OutcomeExecutedPending, nil
@@ -730,7 +730,7 @@ func (x *execution) joinedOutcome(ctx context.Context, resp Response) (Outcome, 
 		// Cannot tell whether the caller's transaction committed: keep the
 		// key in progress (and the hybrid's lease) rather than risk a
 		// second execution.
-		x.keepLease = true
+		x.holdLease(ctx)
 		x.storeFailed(ctx, "read joined answer", err)
 		x.g.tel.add(ctx, evPending)
 		return OutcomeExecutedPending, true
@@ -740,15 +740,23 @@ func (x *execution) joinedOutcome(ctx context.Context, resp Response) (Outcome, 
 
 // insert writes the hybrid's durable row: finished with a, in progress with
 // nil. It reports whether the row was written.
+//
+// Until the row is written, the lease is all that stops a retry from running
+// the work again. So when a write fails, the lease is first extended to the
+// store's retention (retries get 409, as in table mode, instead of running
+// again once the lease's TTL is over), then the write is retried; if it goes
+// through, the lease is released as usual.
 func (x *execution) insert(ctx context.Context, a *durable.Answer) (durable.Record, bool) {
-	sctx, cancel := x.g.storeContext(ctx)
-	defer cancel()
-	t0 := x.g.tel.start()
-	rec, err := x.g.store.Insert(sctx, durable.ClaimParams{
-		Scope: x.req.Scope, Key: x.req.Key, Fingerprint: x.req.Fingerprint, Owner: x.owner,
-	}, a)
-	x.g.tel.since(ctx, phaseStore, t0)
+	var rec durable.Record
+	err := x.retry(ctx, func(sctx context.Context) error {
+		var err error
+		rec, err = x.g.store.Insert(sctx, durable.ClaimParams{
+			Scope: x.req.Scope, Key: x.req.Key, Fingerprint: x.req.Fingerprint, Owner: x.owner,
+		}, a)
+		return err
+	})
 	if err == nil {
+		x.keepLease = false
 		return rec, true
 	}
 	if errors.Is(err, durable.ErrExists) {
@@ -760,9 +768,68 @@ func (x *execution) insert(ctx context.Context, a *durable.Answer) (durable.Reco
 			slog.String("key_hash", keyHash(x.req)))
 		return durable.Record{}, false
 	}
-	x.keepLease = true
+	x.holdLease(ctx)
 	x.storeFailed(ctx, "insert", err)
 	return durable.Record{}, false
+}
+
+// Writes of an answer after the work are tried storeAttempts times, with
+// these pauses between tries, each bounded by StoreTimeout.
+const storeAttempts = 3
+
+var storeRetryPause = [storeAttempts - 1]time.Duration{100 * time.Millisecond, 400 * time.Millisecond}
+
+// retry runs a write of the answer until it succeeds, fails for a reason a
+// retry cannot change (the row is someone else's, already answered, or
+// refused), or storeAttempts are spent. In hybrid mode the lease is extended
+// before the first retry.
+func (x *execution) retry(ctx context.Context, write func(context.Context) error) error {
+	var err error
+	for i := range storeAttempts {
+		sctx, cancel := x.g.storeContext(ctx)
+		t0 := x.g.tel.start()
+		err = write(sctx)
+		x.g.tel.since(ctx, phaseStore, t0)
+		cancel()
+		if err == nil || errors.Is(err, durable.ErrExists) || errors.Is(err, durable.ErrNotOwner) ||
+			errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrInvalid) {
+			return err
+		}
+		if i == storeAttempts-1 {
+			break
+		}
+		x.holdLease(ctx)
+		t := time.NewTimer(storeRetryPause[i])
+		<-t.C // the caller's cancellation does not stop the answer being stored
+	}
+	return err
+}
+
+// holdLease keeps the hybrid's lease past this request: it will not be
+// released, and it is extended (once) to the store's retention, so that no
+// retry runs the work again while its outcome is unrecorded.
+func (x *execution) holdLease(ctx context.Context) {
+	x.keepLease = true
+	if x.lease == nil || x.extended {
+		return
+	}
+	x.extended = true
+	ttl := x.g.retention
+	if ttl <= 0 {
+		ttl = durable.DefaultRetention
+	}
+	rctx, cancel := x.g.storeContext(ctx)
+	defer cancel()
+	if err := x.lease.Refresh(rctx, ttl); err != nil {
+		if errors.Is(err, lock.ErrNotHeld) {
+			x.g.tel.add(ctx, evLockLost)
+		}
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: lease could not be extended; once it expires a retry may run the work again",
+			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
+		return
+	}
+	x.g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease extended to the retention while the answer is unrecorded; retries get 409 until the key is stored, the lease is deleted, or it expires",
+		slog.String("key_hash", keyHash(x.req)), slog.String("lease", x.lease.Key()), slog.Duration("ttl", ttl))
 }
 
 func (x *execution) storeFailed(ctx context.Context, op string, err error) {

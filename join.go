@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -17,6 +18,11 @@ var (
 	// ErrJoinUnsupported: the Guard's store cannot write through a caller's
 	// transaction (it has no WithDB method returning a *durable.Store).
 	ErrJoinUnsupported = errors.New("idem: store cannot join a transaction")
+	// ErrSuperseded: another execution of the same intent stored its answer
+	// first (possible only where exactly-once was already lost: a hybrid
+	// lease that expired or vanished with Redis). Roll back and answer 409:
+	// the client's retry is replayed the stored answer.
+	ErrSuperseded = errors.New("idem: another execution of this intent stored its answer first")
 )
 
 // joiner is implemented by *durable.Store.
@@ -40,8 +46,8 @@ type joiner interface {
 // It works in both strategies: in table mode it completes the claimed row, in
 // hybrid mode it inserts the finished row under the lease. resp must be a
 // storable answer (status 100-499, not 429). Errors: ErrNotGuarded,
-// ErrJoinUnsupported, durable errors (durable.ErrNotOwner if the row is no
-// longer this execution's), or db's own error; on error, roll back.
+// ErrJoinUnsupported, ErrSuperseded (another execution stored its answer
+// first), durable errors, or db's own error; on error, roll back.
 func Complete(ctx context.Context, db durable.DB, resp Response) error {
 	x := executionFrom(ctx)
 	if x == nil {
@@ -66,6 +72,11 @@ func Complete(ctx context.Context, db durable.DB, resp Response) error {
 		}, &a)
 	} else {
 		err = s.Complete(ctx, x.req.Scope, x.req.Key, x.owner, a)
+	}
+	if errors.Is(err, durable.ErrExists) || errors.Is(err, durable.ErrNotOwner) || errors.Is(err, durable.ErrCompleted) {
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer stored by another execution of this intent; the work may have run twice",
+			slog.String("key_hash", keyHash(x.req)))
+		return fmt.Errorf("idem: complete: %w: %w", ErrSuperseded, err)
 	}
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)

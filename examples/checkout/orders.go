@@ -171,6 +171,14 @@ func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp 
 		}
 		return idem.Complete(ctx, tx, resp)
 	})
+	if errors.Is(err, idem.ErrSuperseded) {
+		// Another execution of this intent (possible only while Redis was
+		// lost) recorded the outcome first; it is the answer. The charge was
+		// the same one: its key is derived from the intent.
+		c.problem(w, r, http.StatusConflict, idem.ProblemInProgress, "Request in progress",
+			"Another attempt of this request has completed. Retry with the same Idempotency-Key to get its answer.")
+		return
+	}
 	if err != nil {
 		c.log.LogAttrs(ctx, slog.LevelError, "checkout: order outcome not recorded; the reconciler will settle it",
 			slog.String("order", o.ID), slog.Any("error", err))
