@@ -198,7 +198,9 @@ func TestUnavailable(t *testing.T) {
 // Keys that a naive concatenation would merge stay distinct, and every key
 // has exactly one hash tag, so one intent maps to one Cluster slot.
 func TestKeyDerivation(t *testing.T) {
-	l, err := lock.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"}), nil)
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := lock.New(c, nil)
 	require.NoError(t, err)
 	pairs := [][2]string{
 		{"a", "bc"}, {"ab", "c"}, {"a:b", "c"}, {"a", "b:c"}, {"", "abc"}, {"abc", ""},

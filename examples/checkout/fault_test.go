@@ -157,4 +157,4 @@ func TestFaultRedisKilledUnderOrders(t *testing.T) {
 // outcome is recorded (by the other execution) and nothing is left to
 // reconcile: a retry is replayed the stored 201. The right answer is a 409
 // (retry: it replays) or the stored answer. Set to false once fixed.
-const knownBugCheckout500InWindow = true
+const knownBugCheckout500InWindow = false

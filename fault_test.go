@@ -1,0 +1,1047 @@
+package idem_test
+
+// Fault injection: concurrent traffic, with retries of the same intents, runs
+// through the Guard (guard.Do and the middleware over httptest) while a real
+// PostgreSQL or Redis is killed, slowed, cut, refused or times out. After
+// each scenario the test counts executions per intent, checks that every
+// answer a client received as final replays unchanged, that no 500 escaped,
+// and that the guard serves fresh intents again without a restart. It prints
+// one RELIABILITY line of figures per scenario (go test -run TestFault -v).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/faultproxy"
+	"github.com/idemguard/idem/internal/tempserver"
+	"github.com/idemguard/idem/internal/testdb"
+	"github.com/idemguard/idem/internal/testredis"
+	"github.com/idemguard/idem/lock"
+)
+
+// Timing of the guards under fault: short enough that a lease left behind by
+// a failed store expires within the test.
+const (
+	faultLeaseTTL     = 2 * time.Second
+	faultStoreTimeout = time.Second
+	faultWorkTimeout  = 500 * time.Millisecond
+	faultWorkTime     = 15 * time.Millisecond
+)
+
+// The Redis scenarios use a longer lease, so that a slow payment call (1.2s)
+// outlives the lock's 500ms timeout: a retry that finds Redis gone falls back
+// while the lease holder still runs, which is the documented window.
+const (
+	redisLeaseTTL    = 5 * time.Second
+	redisWorkTimeout = 2 * time.Second
+	slowWorkTime     = 1200 * time.Millisecond
+)
+
+// knownBugHybridLostStore tolerates, in the load scenarios, the re-execution
+// that TestFaultHybridLostStoreReexecutes exposes (skipped: BUG): in hybrid
+// mode, when storing the answer fails after the work ran, the next retry
+// after the lease's TTL runs the work again. Set it to false once fixed.
+const knownBugHybridLostStore = false
+
+// ---- the rig -------------------------------------------------------------
+
+// intent is one client intent: one (scope, key, body), sent until it gets a
+// final answer, sometimes by two senders at once.
+type intent struct {
+	scope, key, body string
+	fp               idem.Fingerprint
+	declined         bool // the work answers 402 (a final 4xx, stored)
+	slowStore        bool // the answer carries the marker the slow-store trigger looks for
+	crash            bool // the process "dies" between the work and the store
+	leaseExpiry      bool // the lease expires while the work runs
+	slow             bool // the work takes slowWorkTime (a slow payment provider)
+	twin             bool // a second sender sends it at the same time
+
+	mu     sync.Mutex
+	execs  []execRecord
+	finals []view
+}
+
+// execRecord is one execution of the work for an intent.
+type execRecord struct {
+	start, end time.Time
+	charged    bool // the work completed (not cut by its deadline)
+	answer     idem.Response
+}
+
+// view is what a client compares: status, Location and body.
+type view struct {
+	status   int
+	location string
+	body     string
+}
+
+func (v view) final() bool {
+	return v.status >= 200 && v.status < 500 && v.status != http.StatusConflict && v.status != http.StatusTooManyRequests
+}
+
+func (in *intent) charged() []execRecord {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var out []execRecord
+	for _, e := range in.execs {
+		if e.charged {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// faultStore wraps the real store: it records the keys whose answer could
+// not be stored, and fails the store of "crash" intents, as a process that
+// dies between the work and the store.
+type faultStore struct {
+	idem.Store
+	crash      func(scope, key string) bool
+	lostStores sync.Map // scope\x00key -> true
+	crashes    atomic.Int64
+}
+
+var errProcessDied = errors.New("process died before storing the answer")
+
+func (s *faultStore) Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+	err := s.fail(ctx, scope, key)
+	if err == nil {
+		err = s.Store.Complete(ctx, scope, key, owner, a)
+	}
+	if err != nil {
+		s.lostStores.Store(scope+"\x00"+key, true)
+	}
+	return err
+}
+
+func (s *faultStore) Insert(ctx context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error) {
+	if a != nil {
+		if err := s.fail(ctx, p.Scope, p.Key); err != nil {
+			s.lostStores.Store(p.Scope+"\x00"+p.Key, true)
+			return durable.Record{}, err
+		}
+	}
+	rec, err := s.Store.Insert(ctx, p, a)
+	if err != nil && a != nil && !errors.Is(err, durable.ErrExists) {
+		s.lostStores.Store(p.Scope+"\x00"+p.Key, true)
+	}
+	return rec, err
+}
+
+func (s *faultStore) fail(_ context.Context, scope, key string) error {
+	if s.crash == nil || !s.crash(scope, key) {
+		return nil
+	}
+	s.crashes.Add(1)
+	// What a dying process leaves: a store call cancelled before it landed.
+	return errors.Join(errProcessDied, context.Canceled)
+}
+
+func (s *faultStore) lost(in *intent) bool {
+	_, ok := s.lostStores.Load(in.scope + "\x00" + in.key)
+	return ok
+}
+
+// rig drives one guard with concurrent traffic.
+type rig struct {
+	t        *testing.T
+	strategy string // "table" or "hybrid"
+	guard    *idem.Guard
+	store    *faultStore
+	srv      *httptest.Server
+	client   *http.Client
+	mr       *miniredis.Miniredis // hybrid on miniredis only
+
+	intents sync.Map // scope\x00key -> *intent
+	seq     atomic.Int64
+	charges atomic.Int64
+	onWork  func(ctx context.Context, in *intent, n int) // runs inside the work, before it completes
+
+	requests   atomic.Int64
+	served500  atomic.Int64
+	status503  atomic.Int64
+	status409  atomic.Int64
+	transport  atomic.Int64 // requests that got no HTTP answer
+	unexpected sync.Map     // description -> count
+}
+
+type rigOpts struct {
+	strategy string
+	pool     *pgxpool.Pool         // required
+	dbcfg    *durable.Config       // schema etc.
+	redis    redis.UniversalClient // hybrid
+	prefix   string
+	mr       *miniredis.Miniredis
+	crash    func(scope, key string) bool
+	leaseTTL time.Duration // defaults to faultLeaseTTL
+	workTO   time.Duration // defaults to faultWorkTimeout
+}
+
+func newRig(t *testing.T, o rigOpts) *rig {
+	t.Helper()
+	ds, err := durable.New(o.pool, o.dbcfg)
+	require.NoError(t, err)
+	fs := &faultStore{Store: ds, crash: o.crash}
+	if o.leaseTTL == 0 {
+		o.leaseTTL, o.workTO = faultLeaseTTL, faultWorkTimeout
+	}
+	cfg := &idem.Config{
+		StoreTimeout: faultStoreTimeout,
+		WorkTimeout:  o.workTO,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if o.strategy == "hybrid" {
+		l, err := lock.New(o.redis, &lock.Config{Prefix: o.prefix, TTL: o.leaseTTL})
+		require.NoError(t, err)
+		cfg.Lock = l
+	}
+	g, err := idem.New(fs, cfg)
+	require.NoError(t, err)
+	r := &rig{t: t, strategy: o.strategy, guard: g, store: fs, mr: o.mr}
+	r.srv = httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(r.serveHTTP)))
+	t.Cleanup(r.srv.Close)
+	r.client = &http.Client{Transport: r.srv.Client().Transport, Timeout: 5 * time.Second}
+	t.Cleanup(r.client.CloseIdleConnections)
+	return r
+}
+
+func (r *rig) newIntent(i int) *intent {
+	in := &intent{scope: fmt.Sprintf("user-%d", i%7), key: newKey()}
+	in.declined = i%9 == 4
+	in.body = fmt.Sprintf(`{"hold_ids":[%d],"payment_method":"pm_%d"}`, 88000+i, i)
+	in.fp = idem.HashRequest(http.MethodPost, "/orders", []byte(in.body))
+	return in
+}
+
+func (r *rig) register(in *intent) {
+	r.intents.Store(in.scope+"\x00"+in.key, in)
+}
+
+// work is the guarded operation: a charge that takes faultWorkTime and
+// honours its deadline (cut: nothing charged, 504, the key stays pending).
+func (r *rig) work(ctx context.Context, in *intent) idem.Response {
+	in.mu.Lock()
+	n := len(in.execs)
+	in.execs = append(in.execs, execRecord{start: time.Now()})
+	in.mu.Unlock()
+	if r.onWork != nil {
+		r.onWork(ctx, in, n)
+	}
+	d := faultWorkTime
+	if in.slow {
+		d = slowWorkTime
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var resp idem.Response
+	charged := false
+	select {
+	case <-ctx.Done():
+		resp = idem.Response{Status: http.StatusGatewayTimeout, Header: http.Header{}, Body: []byte("payment provider timeout")}
+	case <-t.C:
+		charged = true
+		id := r.charges.Add(1)
+		note := ""
+		if in.slowStore {
+			note = `,"note":"slow-store"`
+		}
+		if in.declined {
+			resp = idem.Response{Status: http.StatusPaymentRequired,
+				Header: http.Header{"Content-Type": {"application/problem+json"}},
+				Body:   fmt.Appendf(nil, `{"title":"card declined","attempt":%d%s}`, id, note)}
+		} else {
+			resp = idem.Response{Status: http.StatusCreated,
+				Header: http.Header{"Content-Type": {"application/json"}, "Location": {fmt.Sprintf("/orders/%d", id)}},
+				Body:   fmt.Appendf(nil, `{"order":%d,"key":%q%s}`, id, in.key, note)}
+		}
+	}
+	in.mu.Lock()
+	in.execs[n].end, in.execs[n].charged, in.execs[n].answer = time.Now(), charged, resp
+	in.mu.Unlock()
+	return resp
+}
+
+func (r *rig) serveHTTP(w http.ResponseWriter, req *http.Request) {
+	scope, _ := bearerScope(req)
+	v, ok := r.intents.Load(scope + "\x00" + req.Header.Get(idem.HeaderKey))
+	if !ok {
+		http.Error(w, "unknown intent", http.StatusBadRequest)
+		return
+	}
+	_, _ = io.ReadAll(req.Body)
+	resp := r.work(req.Context(), v.(*intent))
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+func (r *rig) note(what string) {
+	v, _ := r.unexpected.LoadOrStore(what, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+// send sends the intent once, over HTTP through the middleware or through
+// guard.Do, and returns what the client saw (status 0: no HTTP answer).
+func (r *rig) send(ctx context.Context, in *intent, viaHTTP bool) view {
+	r.requests.Add(1)
+	var v view
+	if viaHTTP {
+		v = r.sendHTTP(ctx, in)
+	} else {
+		v = r.sendDo(ctx, in)
+	}
+	switch v.status {
+	case 0:
+		r.transport.Add(1)
+	case http.StatusInternalServerError:
+		r.served500.Add(1)
+	case http.StatusServiceUnavailable:
+		r.status503.Add(1)
+	case http.StatusConflict:
+		r.status409.Add(1)
+	case http.StatusUnprocessableEntity, http.StatusBadRequest:
+		r.note(fmt.Sprintf("status %d", v.status))
+	}
+	return v
+}
+
+func (r *rig) sendHTTP(ctx context.Context, in *intent) view {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.srv.URL+"/orders", strings.NewReader(in.body))
+	if err != nil {
+		panic(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+in.scope)
+	req.Header.Set(idem.HeaderKey, in.key)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return view{}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return view{}
+	}
+	return view{status: resp.StatusCode, location: resp.Header.Get("Location"), body: string(body)}
+}
+
+func (r *rig) sendDo(ctx context.Context, in *intent) view {
+	resp, out, err := r.guard.Do(ctx, idem.Request{Scope: in.scope, Key: in.key, Fingerprint: in.fp},
+		func(ctx context.Context) (idem.Response, error) { return r.work(ctx, in), nil })
+	switch {
+	case out == idem.OutcomeInProgress:
+		return view{status: http.StatusConflict}
+	case out == idem.OutcomeKeyReused:
+		return view{status: http.StatusUnprocessableEntity}
+	case out == idem.OutcomeNone && errors.Is(err, idem.ErrUnavailable):
+		return view{status: http.StatusServiceUnavailable}
+	case out == idem.OutcomeNone:
+		r.note(fmt.Sprintf("Do: %v", err))
+		return view{status: http.StatusInternalServerError}
+	}
+	return view{status: resp.Status, location: resp.Header.Get("Location"), body: string(resp.Body)}
+}
+
+// drive sends the intent until it gets a final answer or until deadline,
+// backing off 20-50ms between attempts. It reports whether it got one.
+func (r *rig) drive(ctx context.Context, in *intent, viaHTTP bool, deadline time.Time) bool {
+	for attempt := 0; ; attempt++ {
+		v := r.send(ctx, in, viaHTTP)
+		if v.final() {
+			in.mu.Lock()
+			in.finals = append(in.finals, v)
+			in.mu.Unlock()
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(time.Duration(20+(attempt*7)%30) * time.Millisecond)
+	}
+}
+
+// load runs workers for d: each takes fresh intents one after the other and
+// drives each to a final answer (for at most 1.5s); every third intent gets
+// a second sender at once, through the other path. fault runs alongside and
+// returns when the fault is cleared; from then on load also probes with fresh
+// intents and returns how long the guard took to serve one (0 without fault).
+// load returns every intent it created.
+func (r *rig) load(workers int, d time.Duration, mark func(i int, in *intent), fault func()) ([]*intent, time.Duration) {
+	var (
+		mu      sync.Mutex
+		all     []*intent
+		wg      sync.WaitGroup
+		counter atomic.Int64
+	)
+	ctx := context.Background()
+	stop := time.Now().Add(d)
+	for w := range workers {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				i := int(counter.Add(1))
+				in := r.newIntent(i)
+				in.twin = i%3 == 0
+				if mark != nil {
+					mark(i, in)
+				}
+				r.register(in)
+				mu.Lock()
+				all = append(all, in)
+				mu.Unlock()
+				deadline := time.Now().Add(3 * time.Second)
+				var twin sync.WaitGroup
+				if in.twin {
+					twin.Go(func() { r.drive(ctx, in, w%2 == 1, deadline) })
+				}
+				r.drive(ctx, in, w%2 == 0, deadline)
+				twin.Wait()
+			}
+		})
+	}
+	var recovered time.Duration
+	if fault != nil {
+		fault()
+		cleared := time.Now()
+		for i := 0; recovered == 0 && time.Since(cleared) < 10*time.Second; i++ {
+			in := r.newIntent(1_000_000 + i)
+			r.register(in)
+			mu.Lock()
+			all = append(all, in)
+			mu.Unlock()
+			if r.drive(ctx, in, i%2 == 0, time.Now()) {
+				recovered = time.Since(cleared)
+			} else {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	wg.Wait()
+	return all, recovered
+}
+
+// figures are one scenario's results, printed as one RELIABILITY line.
+type figures struct {
+	scenario, strategy string
+	requests           int64
+	faults             int
+	intents            int
+	executions         int
+	maxExec            int
+	doubles            int            // intents charged more than once
+	why                map[string]int // reason -> intents charged twice
+	settled, released  int            // pending keys the reconciler settled or released
+	answersLost        int            // final answers that do not replay, outside explained doubles
+	diverged           int            // final answers that do not replay, inside explained doubles
+	detected           uint64         // Stats.DoubleExecutions: doubles the guard noticed
+	lostStores         int            // intents whose answer could not be stored after the work
+	blocked            int            // hybrid intents left in progress under an extended lease (no durable row to settle)
+	served500          int64
+	status503          int64
+	fallbacks          uint64
+	recovered          time.Duration // from the fault's end to the first fresh intent answered
+}
+
+func (f figures) log(t *testing.T) {
+	t.Helper()
+	why := "-"
+	if len(f.why) > 0 {
+		var parts []string
+		for k, v := range f.why {
+			parts = append(parts, fmt.Sprintf("%s:%d", k, v))
+		}
+		why = strings.Join(parts, ",")
+	}
+	recovered := "n/a"
+	if f.recovered > 0 {
+		recovered = f.recovered.Round(time.Millisecond).String()
+	}
+	t.Logf("RELIABILITY scenario=%-22s strategy=%-6s requests=%5d faults=%3d intents=%4d executions=%4d max_exec_per_intent=%d double_exec=%d (%s; detected=%d) answers_lost=%d answers_diverged=%d stores_failed=%d settled=%d released=%d blocked=%d http_500=%d http_503=%d fallbacks=%d recovered_in=%s",
+		f.scenario, f.strategy, f.requests, f.faults, f.intents, f.executions, f.maxExec, f.doubles, why, f.detected,
+		f.answersLost, f.diverged, f.lostStores, f.settled, f.released, f.blocked, f.served500, f.status503, f.fallbacks, recovered)
+}
+
+// finish drives every unfinished intent again for up to budget (the fault is
+// over), reconciles the keys still in progress the way a reconciler would
+// (settle with the answer of the charge that happened, or release when
+// nothing was charged), then replays every intent and checks it against what
+// clients were told. explain names the reason an intent was charged twice
+// ("" when there is none: the test fails).
+func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Duration, explain func(in *intent) string) {
+	t.Helper()
+	ctx := context.Background()
+	parallel := func(fn func(i int, in *intent)) {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i, in := range all {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				fn(i, in)
+			})
+		}
+		wg.Wait()
+	}
+	// 1. Clients retry what they never got an answer for.
+	deadline := time.Now().Add(budget)
+	parallel(func(i int, in *intent) {
+		in.mu.Lock()
+		done := len(in.finals) > 0
+		in.mu.Unlock()
+		if !done {
+			r.drive(ctx, in, i%2 == 0, deadline)
+		}
+	})
+
+	// 2. A reconciler settles or releases what is still in progress.
+	var settled, released atomic.Int64
+	errs := make([]error, len(all))
+	blocked := make([]bool, len(all))
+	parallel(func(i int, in *intent) {
+		if r.send(ctx, in, false).final() {
+			return
+		}
+		if ch := in.charged(); len(ch) > 0 {
+			err := r.guard.Settle(ctx, in.scope, in.key, ch[len(ch)-1].answer)
+			switch {
+			case errors.Is(err, durable.ErrNotFound):
+				// Hybrid with no durable row: nothing to settle. The guard
+				// extended the lease to the retention, so the intent stays
+				// in progress (409) rather than running again.
+				r.note("settle: no durable row (hybrid, answer never stored)")
+				blocked[i] = true
+			case err != nil:
+				errs[i] = fmt.Errorf("settle %s: %w", in.key, err)
+			default:
+				settled.Add(1)
+			}
+			return
+		}
+		if err := r.guard.Release(ctx, in.scope, in.key); err != nil && !errors.Is(err, durable.ErrNotFound) {
+			errs[i] = fmt.Errorf("release %s: %w", in.key, err)
+		}
+		released.Add(1)
+	})
+	require.NoError(t, errors.Join(errs...))
+	f.settled, f.released = int(settled.Load()), int(released.Load())
+
+	// 3. Every intent now replays (or, released, runs once more).
+	replays := make([]view, len(all))
+	deadline = time.Now().Add(budget)
+	parallel(func(i int, in *intent) {
+		for {
+			replays[i] = r.send(ctx, in, i%2 == 1)
+			if replays[i].final() || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	for i, in := range all {
+		v := replays[i]
+		if blocked[i] {
+			require.Equal(t, http.StatusConflict, v.status, "intent %s: unstored hybrid answer must stay in progress", in.key)
+			require.LessOrEqual(t, len(in.charged()), 1, "intent %s ran again", in.key)
+			f.executions += len(in.charged())
+			f.maxExec = max(f.maxExec, len(in.charged()))
+			f.blocked++
+			continue
+		}
+		require.True(t, v.final(), "intent %s has no final answer after reconciliation: %d", in.key, v.status)
+		ch := in.charged()
+		f.executions += len(ch)
+		f.maxExec = max(f.maxExec, len(ch))
+		reason := ""
+		if len(ch) > 1 {
+			f.doubles++
+			reason = explain(in)
+			if reason == "" {
+				t.Errorf("intent %s charged %d times with no explanation", in.key, len(ch))
+				reason = "UNEXPLAINED"
+			}
+			if f.why == nil {
+				f.why = map[string]int{}
+			}
+			f.why[reason]++
+		}
+		in.mu.Lock()
+		finals := append([]view(nil), in.finals...)
+		in.mu.Unlock()
+		for _, got := range finals {
+			switch {
+			case got == v:
+			case reason != "":
+				f.diverged++
+			default:
+				f.answersLost++
+				t.Errorf("intent %s: a client was told %d %q, the replay is %d %q", in.key, got.status, got.body, v.status, v.body)
+			}
+		}
+		if len(finals) == 0 && len(ch) == 1 && reason == "" {
+			// Nobody was told; the replay must be the one charge's answer.
+			a := ch[0].answer
+			if v.status != a.Status || v.body != string(a.Body) {
+				f.answersLost++
+				t.Errorf("intent %s: replay %d %q is not the charge's answer %d %q", in.key, v.status, v.body, a.Status, a.Body)
+			}
+		}
+	}
+	f.intents = len(all)
+	for _, in := range all {
+		if r.store.lost(in) {
+			f.lostStores++
+		}
+	}
+	f.requests = r.requests.Load()
+	f.served500 = r.served500.Load()
+	f.status503 = r.status503.Load()
+	f.fallbacks = r.guard.Stats().Fallbacks
+	f.detected = r.guard.Stats().DoubleExecutions
+	require.Zero(t, f.served500, "no 500 may escape: store and lock faults are 503 or 409")
+	r.unexpected.Range(func(k, v any) bool {
+		if !strings.HasPrefix(k.(string), "settle: no durable row") {
+			t.Errorf("unexpected: %s (x%d)", k, v.(*atomic.Int64).Load())
+		}
+		return true
+	})
+}
+
+// fresh checks that, the fault over, ten fresh intents are each served on
+// their first attempt and run once.
+func (r *rig) fresh(t *testing.T) {
+	t.Helper()
+	for i := range 10 {
+		in := r.newIntent(2_000_000 + i)
+		r.register(in)
+		v := r.send(context.Background(), in, i%2 == 0)
+		require.True(t, v.final(), "fresh intent after the fault: %d %s", v.status, v.body)
+		require.Len(t, in.charged(), 1)
+	}
+}
+
+// overlapped reports whether an execution of in that was charged overlapped
+// [from, to] (widened by slack on both sides).
+func overlapped(in *intent, from, to time.Time, slack time.Duration) bool {
+	for _, e := range in.charged() {
+		if e.start.Before(to.Add(slack)) && e.end.After(from.Add(-slack)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ---- environments ------------------------------------------------------
+
+// sharedPG gives a migrated schema on the test PostgreSQL, and a pool.
+func sharedPG(t *testing.T) (*pgxpool.Pool, *durable.Config) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	cfg := &durable.Config{Schema: testdb.Schema(t, pool)}
+	require.NoError(t, durable.Migrate(t.Context(), pool, cfg))
+	return pool, cfg
+}
+
+// poolFor opens a pool on url with a 1s connect timeout, closed at cleanup.
+func poolFor(t *testing.T, url string, params map[string]string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	cfg.MaxConns = 16
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// redisClient is a client for the lock as the README recommends: no
+// client-side retries (a retried SET NX after a lost reply reports its own
+// lease as taken) and a short dial timeout.
+func redisClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: 250 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// ---- scenarios -----------------------------------------------------------
+
+// markSlow makes every fourth intent a slow payment call, long enough to be
+// in flight when Redis is lost, and has each of them sent twice at once.
+func markSlow(i int, in *intent) {
+	if i%4 == 0 {
+		in.slow, in.twin = true, true
+	}
+}
+
+// Redis is killed (SIGKILL, every lease lost) in the middle of the load and
+// restarted 600ms later. Requests in flight fall back to the table claim.
+// Documented window: an intent whose lease holder was running when Redis
+// died, retried during the outage, has no durable row yet, so the fallback
+// claim runs it a second time.
+func TestFaultRedisKilled(t *testing.T) {
+	srv := tempserver.StartRedis(t)
+	pool, dbcfg := sharedPG(t)
+	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg,
+		redis: redisClient(t, srv.Addr()), prefix: "idem:", leaseTTL: redisLeaseTTL, workTO: redisWorkTimeout})
+	var killFrom, killTo time.Time
+	all, recovered := r.load(8, 2*time.Second, markSlow, func() {
+		time.Sleep(700 * time.Millisecond)
+		killFrom = time.Now()
+		require.NoError(t, srv.Kill())
+		killTo = time.Now()
+		time.Sleep(600 * time.Millisecond)
+		require.NoError(t, srv.Start())
+	})
+	f := figures{scenario: "redis-killed", strategy: "hybrid", faults: 1, recovered: recovered}
+	r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
+		if overlapped(in, killFrom, killTo, 5*time.Millisecond) {
+			return "in-flight-at-redis-loss"
+		}
+		return ""
+	})
+	require.NotZero(t, f.fallbacks, "requests during the outage fall back to the table claim")
+	require.EqualValues(t, f.doubles, f.detected, "every double execution in the window is detected")
+	r.fresh(t)
+	f.log(t)
+}
+
+// Redis answers slowly (300ms each way, beyond the lock's 500ms timeout),
+// then has its connections reset four times, then stalls.
+func TestFaultRedisSlowAndReset(t *testing.T) {
+	srv := tempserver.StartRedis(t)
+	proxy := faultproxy.Start(t, srv.Addr())
+	pool, dbcfg := sharedPG(t)
+	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg,
+		redis: redisClient(t, proxy.Addr()), prefix: "idem:", leaseTTL: redisLeaseTTL, workTO: redisWorkTimeout})
+	var from, to time.Time
+	faults := 0
+	all, recovered := r.load(8, 2500*time.Millisecond, markSlow, func() {
+		time.Sleep(500 * time.Millisecond)
+		from = time.Now()
+		proxy.SetLatency(300 * time.Millisecond)
+		faults++
+		time.Sleep(600 * time.Millisecond)
+		proxy.SetLatency(0)
+		for range 4 {
+			proxy.CutAll()
+			faults++
+			time.Sleep(100 * time.Millisecond)
+		}
+		proxy.Stall()
+		faults++
+		time.Sleep(400 * time.Millisecond)
+		require.NoError(t, proxy.Resume())
+		to = time.Now()
+	})
+	f := figures{scenario: "redis-slow-reset", strategy: "hybrid", faults: faults, recovered: recovered}
+	r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
+		if overlapped(in, from, to, 0) {
+			return "in-flight-while-redis-unreachable"
+		}
+		return ""
+	})
+	require.NotZero(t, f.fallbacks)
+	require.EqualValues(t, f.doubles, f.detected, "every double execution in the window is detected")
+	r.fresh(t)
+	f.log(t)
+}
+
+// PostgreSQL becomes unreachable (connections refused and open ones reset)
+// mid-load and comes back; separately, the server crashes (pg_ctl stop -m
+// immediate) and restarts. The guard fails closed (503) and never runs the
+// work unguarded.
+func TestFaultPostgresDown(t *testing.T) {
+	pg := tempserver.StartPostgres(t)
+	for _, tc := range []struct{ strategy, fault string }{
+		{"table", "refused"}, {"hybrid", "refused"}, {"table", "crash"},
+	} {
+		t.Run(fmt.Sprintf("strategy=%s/fault=%s", tc.strategy, tc.fault), func(t *testing.T) {
+			proxy := faultproxy.Start(t, pg.Addr())
+			pool := poolFor(t, pg.URLVia(proxy.Addr()), nil)
+			admin := poolFor(t, pg.URL(), nil)
+			dbcfg := &durable.Config{Schema: testdb.Schema(t, admin)}
+			require.NoError(t, durable.Migrate(t.Context(), admin, dbcfg))
+			o := rigOpts{strategy: tc.strategy, pool: pool, dbcfg: dbcfg}
+			if tc.strategy == "hybrid" {
+				c := testredis.Client(t)
+				o.redis, o.prefix = c, testredis.Prefix(t, c)
+			}
+			r := newRig(t, o)
+			all, recovered := r.load(6, 2*time.Second, nil, func() {
+				time.Sleep(600 * time.Millisecond)
+				if tc.fault == "refused" {
+					proxy.Refuse()
+					time.Sleep(700 * time.Millisecond)
+					require.NoError(t, proxy.Resume())
+				} else {
+					require.NoError(t, pg.Stop("immediate"))
+					time.Sleep(300 * time.Millisecond)
+					require.NoError(t, pg.Start())
+				}
+			})
+			f := figures{scenario: "postgres-" + tc.fault, strategy: tc.strategy, faults: 1, recovered: recovered}
+			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
+				if knownBugHybridLostStore && tc.strategy == "hybrid" && r.store.lost(in) {
+					return "BUG-hybrid-lost-store-rerun-after-ttl"
+				}
+				return ""
+			})
+			require.NotZero(t, f.status503, "requests during the outage are refused with 503")
+			r.fresh(t)
+			f.log(t)
+		})
+	}
+}
+
+// A statement timeout hits the statement that stores the answer: a trigger
+// sleeps 1s on answers that carry a marker, and the pool's connections have
+// statement_timeout = 400ms. The caller still gets its answer; the key stays
+// in progress until reconciled.
+func TestFaultStatementTimeoutOnStore(t *testing.T) {
+	for _, strategy := range []string{"table", "hybrid"} {
+		t.Run("strategy="+strategy, func(t *testing.T) {
+			pool, dbcfg := sharedPG(t)
+			ds, err := durable.New(pool, dbcfg)
+			require.NoError(t, err)
+			table := ds.Table()
+			trigger := pgx.Identifier{dbcfg.Schema, "slow_store"}.Sanitize()
+			_, err = pool.Exec(t.Context(), `
+CREATE FUNCTION `+trigger+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.response_status IS NOT NULL AND position('slow-store'::bytea IN NEW.response_body) > 0 THEN
+		PERFORM pg_sleep(1);
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER slow_store BEFORE INSERT OR UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION `+trigger+`();`)
+			require.NoError(t, err)
+			limited := poolFor(t, testdb.URL(), map[string]string{"statement_timeout": "400"})
+			o := rigOpts{strategy: strategy, pool: limited, dbcfg: dbcfg}
+			if strategy == "hybrid" {
+				c := testredis.Client(t)
+				o.redis, o.prefix = c, testredis.Prefix(t, c)
+			}
+			r := newRig(t, o)
+			var faultOn atomic.Bool
+			faultOn.Store(true)
+			all, recovered := r.load(6, 2*time.Second, func(i int, in *intent) {
+				in.slowStore = faultOn.Load() && i%4 == 1
+			}, func() {
+				time.Sleep(time.Second)
+				// The fault clears: the trigger goes.
+				faultOn.Store(false)
+				_, err := pool.Exec(context.Background(), "DROP TRIGGER slow_store ON "+table)
+				require.NoError(t, err)
+			})
+			f := figures{scenario: "pg-statement-timeout", strategy: strategy, recovered: recovered}
+			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
+				if knownBugHybridLostStore && strategy == "hybrid" && r.store.lost(in) {
+					return "BUG-hybrid-lost-store-rerun-after-ttl"
+				}
+				return ""
+			})
+			for _, in := range all {
+				if r.store.lost(in) {
+					f.faults++
+				}
+			}
+			require.NotZero(t, f.faults, "some stores must have timed out")
+			if strategy == "table" {
+				// A store that timed out is retried (100 ms, 400 ms); what still
+				// failed left its key in progress for the reconciler.
+				require.LessOrEqual(t, f.settled+f.released, f.faults, "only keys whose store failed needed the reconciler")
+			}
+			r.fresh(t)
+			f.log(t)
+		})
+	}
+}
+
+// The lease expires while the work runs (miniredis FastForward past the TTL
+// in the middle of the work), and a retry arrives then: it takes a new lease,
+// finds no row and runs. This is a lease lost before the work's deadline
+// (Redis eviction, failover, clock jump): the double execution is detected
+// (Stats.DoubleExecutions), the first stored answer wins.
+//
+// With real time the deadline protects: see TestFaultLeaseDeadlineBeatsTTL.
+func TestFaultLeaseExpiresDuringWork(t *testing.T) {
+	pool, dbcfg := sharedPG(t)
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: c, prefix: "idem:", mr: mr})
+	var (
+		mu       sync.Mutex
+		forwards []time.Time
+	)
+	r.onWork = func(ctx context.Context, in *intent, n int) {
+		if n != 0 || !in.leaseExpiry {
+			return
+		}
+		mu.Lock()
+		forwards = append(forwards, time.Now())
+		mr.FastForward(faultLeaseTTL + time.Second)
+		mu.Unlock()
+		// A retry arrives while the first execution still runs.
+		r.drive(context.Background(), in, in.key[len(in.key)-1]%2 == 0, time.Now().Add(300*time.Millisecond))
+	}
+	all, _ := r.load(6, 1500*time.Millisecond, func(i int, in *intent) { in.leaseExpiry = i%10 == 5 }, nil)
+	f := figures{scenario: "lease-expired-mid-work", strategy: "hybrid"}
+	mu.Lock()
+	f.faults = len(forwards)
+	fw := append([]time.Time(nil), forwards...)
+	mu.Unlock()
+	r.finish(t, &f, all, time.Second, func(in *intent) string {
+		for _, at := range fw {
+			// Every lease held at that instant expired; its holder may
+			// still have been reading the row before starting the work.
+			if overlapped(in, at, at, 250*time.Millisecond) {
+				return "lease-lost-mid-work"
+			}
+		}
+		return ""
+	})
+	require.NotZero(t, f.faults)
+	require.EqualValues(t, f.doubles, f.detected, "every double execution is detected and counted")
+	r.fresh(t)
+	f.log(t)
+}
+
+// In real time the work's deadline ends before the lease's TTL: a work that
+// would outlive the lease is cut, the key is left in progress durably, and
+// retries after the lease is gone get 409, never a second execution.
+func TestFaultLeaseDeadlineBeatsTTL(t *testing.T) {
+	pool, dbcfg := sharedPG(t)
+	c := testredis.Client(t)
+	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: c, prefix: testredis.Prefix(t, c)})
+	r.onWork = func(ctx context.Context, in *intent, n int) {
+		<-ctx.Done() // a provider call that would take longer than the lease
+	}
+	ctx := context.Background()
+	const n = 8
+	ins := make([]*intent, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		ins[i] = r.newIntent(i)
+		r.register(ins[i])
+		wg.Go(func() { r.send(ctx, ins[i], i%2 == 0) })
+		wg.Go(func() { time.Sleep(50 * time.Millisecond); r.send(ctx, ins[i], i%2 == 1) })
+	}
+	wg.Wait()
+	time.Sleep(faultLeaseTTL + 200*time.Millisecond) // every lease has expired
+	for i, in := range ins {
+		v := r.send(ctx, in, i%2 == 0)
+		require.Equal(t, http.StatusConflict, v.status, "left in progress, not re-run")
+		require.Len(t, in.execs, 1)
+		require.False(t, in.execs[0].charged)
+		require.Less(t, in.execs[0].end.Sub(in.execs[0].start), faultLeaseTTL-faultStoreTimeout)
+	}
+	require.Zero(t, r.served500.Load())
+}
+
+// The process dies between the work and the store: the store of the answer
+// fails (its context is cancelled). Table: the claim row stays in progress,
+// retries get 409 until a reconciler settles the key; the work never runs
+// twice. Hybrid: see TestFaultHybridLostStoreReexecutes.
+func TestFaultCrashBetweenWorkAndStore(t *testing.T) {
+	for _, strategy := range []string{"table", "hybrid"} {
+		t.Run("strategy="+strategy, func(t *testing.T) {
+			pool, dbcfg := sharedPG(t)
+			o := rigOpts{strategy: strategy, pool: pool, dbcfg: dbcfg}
+			var crashing sync.Map
+			o.crash = func(scope, key string) bool {
+				_, ok := crashing.Load(scope + "\x00" + key)
+				return ok
+			}
+			if strategy == "hybrid" {
+				o.mr = miniredis.RunT(t)
+				c := redis.NewClient(&redis.Options{Addr: o.mr.Addr(), MaxRetries: -1})
+				t.Cleanup(func() { _ = c.Close() })
+				o.redis, o.prefix = c, "idem:"
+			}
+			r := newRig(t, o)
+			var faultOn atomic.Bool
+			faultOn.Store(true)
+			all, recovered := r.load(6, 2*time.Second, func(i int, in *intent) {
+				if faultOn.Load() && i%5 == 2 {
+					in.crash = true
+					crashing.Store(in.scope+"\x00"+in.key, true)
+				}
+			}, func() {
+				time.Sleep(time.Second)
+				faultOn.Store(false) // the replacement process stores normally
+				crashing.Clear()
+			})
+			// The crashed processes are gone: their leases expire.
+			if r.mr != nil {
+				r.mr.FastForward(faultLeaseTTL + time.Second)
+			}
+			f := figures{scenario: "crash-before-store", strategy: strategy, faults: int(r.store.crashes.Load()), recovered: recovered}
+			r.finish(t, &f, all, 500*time.Millisecond, func(in *intent) string {
+				if knownBugHybridLostStore && strategy == "hybrid" && r.store.lost(in) {
+					return "BUG-hybrid-lost-store-rerun-after-ttl"
+				}
+				return ""
+			})
+			require.NotZero(t, f.faults)
+			if strategy == "table" {
+				require.LessOrEqual(t, f.settled, f.faults, "only crashed keys waited for the reconciler")
+				require.NotZero(t, f.settled, "crashed keys waited for the reconciler")
+			}
+			r.fresh(t)
+			f.log(t)
+		})
+	}
+}
+
+// Hybrid: when the answer cannot be stored after the work ran (the
+// PostgreSQL write fails or times out, the process is about to die), the
+// guard extends the lease to the retention, so retries keep getting 409 after
+// the lease's original TTL instead of running the work again. (Before the
+// fix the lease lived only its TTL and the first retry after it ran again.)
+func TestFaultHybridLostStoreReexecutes(t *testing.T) {
+	pool, dbcfg := sharedPG(t)
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	var failing atomic.Bool
+	failing.Store(true)
+	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: c, prefix: "idem:", mr: mr,
+		crash: func(string, string) bool { return failing.Load() }})
+	ctx := context.Background()
+	in := r.newIntent(1)
+	r.register(in)
+
+	first := r.send(ctx, in, false)
+	require.Equal(t, http.StatusCreated, first.status, "the caller gets its answer")
+	require.Equal(t, http.StatusConflict, r.send(ctx, in, true).status, "in progress while the lease lives")
+
+	failing.Store(false) // PostgreSQL is fine again
+	mr.FastForward(faultLeaseTTL + time.Second)
+	v := r.send(ctx, in, true)
+	require.Equal(t, 1, len(in.charged()), "the work must not run a second time")
+	require.Contains(t, []int{http.StatusConflict, first.status}, v.status)
+}

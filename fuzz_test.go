@@ -1,0 +1,311 @@
+package idem_test
+
+// Fuzz targets: the key parser, the fingerprint encoding and the capture and
+// replay round trip through the middleware. `go test` runs their seed corpus
+// (f.Add and testdata/fuzz/); .ci/fuzz runs each with -fuzz for a while.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+)
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{
+		"8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e"`, `"a \"b\" \\ c"`, "", " ", `""`,
+		`"unterminated`, `"x"y`, `"x";p=1`, "a,b", `a"b`, "a\tb", "\x00", "\x7f", "caf\xc3\xa9",
+		"\xff", strings.Repeat("k", 255), strings.Repeat("k", 256), `"` + strings.Repeat("k", 255) + `"`,
+		`"\`, `"\x"`, " \tk\t ",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := idem.ParseKey([]string{v})
+		if err != nil {
+			require.ErrorIs(t, err, idem.ErrKeyInvalid, "%q", v)
+			var ke *idem.KeyError
+			require.ErrorAs(t, err, &ke)
+			require.NotEmpty(t, ke.Reason)
+			require.True(t, utf8.ValidString(ke.Reason), "the reason is shown to clients")
+			if len(v) > 16 {
+				require.NotContains(t, ke.Reason, v, "the reason does not echo the input")
+			}
+		} else {
+			require.NotEmpty(t, key)
+			require.LessOrEqual(t, len(key), idem.MaxKeyLen)
+			for i := 0; i < len(key); i++ {
+				require.True(t, key[i] >= 0x20 && key[i] <= 0x7e, "printable ASCII: %q", key)
+			}
+			// The quoted form of any accepted key parses to it.
+			quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+			got, err := idem.ParseKey([]string{quoted})
+			require.NoError(t, err, "%q", quoted)
+			require.Equal(t, key, got)
+			// A simple key (a token) parses the same bare and quoted.
+			if !strings.ContainsAny(key, ` ",`) {
+				got, err := idem.ParseKey([]string{key})
+				require.NoError(t, err, "%q", key)
+				require.Equal(t, key, got)
+			}
+		}
+		// Surrounding spaces and tabs never matter.
+		key2, err2 := idem.ParseKey([]string{" \t" + v + "\t "})
+		require.Equal(t, err == nil, err2 == nil, "%q", v)
+		require.Equal(t, key, key2)
+		// Two fields are never a key.
+		_, err = idem.ParseKey([]string{v, v})
+		require.ErrorIs(t, err, idem.ErrKeyInvalid)
+	})
+}
+
+func FuzzHashRequest(f *testing.F) {
+	f.Add([]byte("POST/orders{}"), uint16(4), uint16(11), uint16(4), uint16(12))
+	f.Add([]byte("POST/ab"), uint16(4), uint16(6), uint16(4), uint16(7))
+	f.Add([]byte("abc"), uint16(0), uint16(0), uint16(0), uint16(3))
+	f.Add([]byte(""), uint16(0), uint16(0), uint16(0), uint16(0))
+	f.Add([]byte("PATCH/x?y=1\x00\x00\x00\x00\x00\x00\x00\x03abc"), uint16(5), uint16(11), uint16(5), uint16(11))
+	f.Fuzz(func(t *testing.T, data []byte, i, j, k, l uint16) {
+		// Two triples cut from the same bytes: the same concatenation, so
+		// only an unambiguous encoding tells them apart.
+		split := func(a, b uint16) (string, string, []byte) {
+			n := len(data) + 1
+			x, y := int(a)%n, int(b)%n
+			if x > y {
+				x, y = y, x
+			}
+			return string(data[:x]), string(data[x:y]), data[y:]
+		}
+		m1, t1, b1 := split(i, j)
+		m2, t2, b2 := split(k, l)
+		fp1, fp2 := idem.HashRequest(m1, t1, b1), idem.HashRequest(m2, t2, b2)
+		same := m1 == m2 && t1 == t2 && bytes.Equal(b1, b2)
+		require.Equal(t, same, fp1 == fp2, "(%q,%q,%q) vs (%q,%q,%q)", m1, t1, b1, m2, t2, b2)
+		require.NotEqual(t, idem.Fingerprint{}, fp1)
+
+		// HashRequest is HashParts of the three parts, and is deterministic.
+		require.Equal(t, fp1, idem.HashParts([]byte(m1), []byte(t1), b1))
+		require.Equal(t, fp1, idem.HashRequest(m1, t1, bytes.Clone(b1)))
+		// A nil body is an empty body.
+		if len(b1) == 0 {
+			require.Equal(t, fp1, idem.HashRequest(m1, t1, nil))
+		}
+		// The number of parts is encoded: a trailing empty part differs.
+		require.NotEqual(t, idem.HashParts([]byte(m1), []byte(t1)), idem.HashParts([]byte(m1), []byte(t1), nil))
+	})
+}
+
+// memStore is an in-memory idem.Store for the fuzzer. It stores headers as
+// JSON, the way durable stores them in a jsonb column, so that what it gives
+// back is what a real store gives back.
+type memStore struct {
+	mu   sync.Mutex
+	rows map[[2]string]*memRow
+}
+
+type memRow struct {
+	fp      durable.Fingerprint
+	owner   durable.Token
+	status  int
+	headers []byte
+	body    []byte
+}
+
+func newMemStore() *memStore { return &memStore{rows: map[[2]string]*memRow{}} }
+
+func (s *memStore) record(scope, key string, r *memRow) durable.Record {
+	rec := durable.Record{Scope: scope, Key: key, Fingerprint: r.fp, Owner: r.owner}
+	if r.status != 0 {
+		a := &durable.Answer{Status: r.status, Header: http.Header{}, Body: bytes.Clone(r.body)}
+		if err := json.Unmarshal(r.headers, &a.Header); err != nil {
+			panic(err)
+		}
+		rec.Answer = a
+	}
+	return rec
+}
+
+func (s *memStore) set(r *memRow, a durable.Answer) error {
+	if a.Status < 100 || a.Status > 599 {
+		return durable.ErrInvalid
+	}
+	h := a.Header
+	if h == nil {
+		h = http.Header{}
+	}
+	enc, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	r.status, r.headers, r.body = a.Status, enc, bytes.Clone(a.Body)
+	return nil
+}
+
+func (s *memStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := [2]string{p.Scope, p.Key}
+	if r, ok := s.rows[k]; ok {
+		return s.record(p.Scope, p.Key, r), false, nil
+	}
+	r := &memRow{fp: p.Fingerprint, owner: p.Owner}
+	s.rows[k] = r
+	return s.record(p.Scope, p.Key, r), true, nil
+}
+
+func (s *memStore) Get(_ context.Context, scope, key string) (durable.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.rows[[2]string{scope, key}]
+	if !ok {
+		return durable.Record{}, durable.ErrNotFound
+	}
+	return s.record(scope, key, r), nil
+}
+
+func (s *memStore) Insert(_ context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := [2]string{p.Scope, p.Key}
+	if _, ok := s.rows[k]; ok {
+		return durable.Record{}, durable.ErrExists
+	}
+	r := &memRow{fp: p.Fingerprint, owner: p.Owner}
+	if a != nil {
+		if err := s.set(r, *a); err != nil {
+			return durable.Record{}, err
+		}
+	}
+	s.rows[k] = r
+	return s.record(p.Scope, p.Key, r), nil
+}
+
+func (s *memStore) update(scope, key string, owner *durable.Token, fn func(k [2]string, r *memRow) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := [2]string{scope, key}
+	r, ok := s.rows[k]
+	switch {
+	case !ok:
+		return durable.ErrNotFound
+	case owner != nil && r.owner != *owner:
+		return durable.ErrNotOwner
+	case r.status != 0:
+		return durable.ErrCompleted
+	}
+	return fn(k, r)
+}
+
+func (s *memStore) Complete(_ context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+	return s.update(scope, key, &owner, func(_ [2]string, r *memRow) error { return s.set(r, a) })
+}
+
+func (s *memStore) Settle(_ context.Context, scope, key string, a durable.Answer) error {
+	return s.update(scope, key, nil, func(_ [2]string, r *memRow) error { return s.set(r, a) })
+}
+
+func (s *memStore) Release(_ context.Context, scope, key string, owner durable.Token) error {
+	return s.update(scope, key, &owner, func(k [2]string, _ *memRow) error { delete(s.rows, k); return nil })
+}
+
+func (s *memStore) ReleaseInProgress(_ context.Context, scope, key string) error {
+	return s.update(scope, key, nil, func(k [2]string, _ *memRow) error { delete(s.rows, k); return nil })
+}
+
+var _ idem.Store = (*memStore)(nil)
+
+// neverReplayed are headers the fuzzed handler sets that no replay may carry.
+var neverReplayed = []string{"Set-Cookie", "Authorization", "X-Other", "Connection", "Trailer"}
+
+func FuzzReplayRoundTrip(f *testing.F) {
+	f.Add(uint16(1), "/orders/1", "application/json", `"v1"`, "secret", []byte(`{"id":1}`), uint8(1))
+	f.Add(uint16(202), "", "", "", "", []byte("<html>sniffed</html>"), uint8(3))
+	f.Add(uint16(4), "/a\r\nSet-Cookie: x=1", "text/plain\x00", "W/\"x\"", "o", []byte{}, uint8(0))
+	f.Add(uint16(104), "", "", "", "", []byte("not modified"), uint8(1))
+	f.Add(uint16(229), "", "", "", "", []byte("slow down"), uint8(1))
+	f.Add(uint16(302), "", "", "", "", []byte("boom"), uint8(2))
+	f.Add(uint16(202), "/ünïcode", "text/plain; charset=utf-8", "", "", bytes.Repeat([]byte{0xff, 0}, 100), uint8(7))
+	g, err := idem.New(newMemStore(), &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(f, err)
+	var n atomic.Int64
+	scope := func(*http.Request) (string, bool) { return "fuzzer", true }
+	f.Fuzz(func(t *testing.T, status uint16, location, ctype, etag, other string, body []byte, chunks uint8) {
+		code := 200 + int(status)%400 // 200..599: the statuses a handler answers with
+		var calls int
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls++
+			hd := w.Header()
+			for name, v := range map[string]string{"Location": location, "Content-Type": ctype, "ETag": etag} {
+				if v != "" {
+					hd[name] = []string{v}
+				}
+			}
+			for _, name := range neverReplayed {
+				hd[name] = []string{other}
+			}
+			w.WriteHeader(code)
+			parts := int(chunks%8) + 1
+			for i := range parts {
+				_, _ = w.Write(body[len(body)*i/parts : len(body)*(i+1)/parts])
+			}
+		})
+		mw := g.Middleware(scope)(h)
+		key := fmt.Sprintf("fuzz-%d", n.Add(1))
+		send := func() *http.Response {
+			r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("same"))
+			r.Header.Set(idem.HeaderKey, key)
+			w := httptest.NewRecorder()
+			mw.ServeHTTP(w, r)
+			return w.Result()
+		}
+		first := send()
+		firstBody, _ := io.ReadAll(first.Body)
+		require.Equal(t, code, first.StatusCode, "the first answer goes through")
+		second := send()
+		secondBody, _ := io.ReadAll(second.Body)
+		switch {
+		case code == http.StatusTooManyRequests:
+			require.Equal(t, 2, calls, "a 429 releases the key")
+			return
+		case code >= 500:
+			require.Equal(t, http.StatusConflict, second.StatusCode, "a 5xx leaves the key in progress")
+			require.Equal(t, 1, calls)
+			return
+		}
+		require.Equal(t, 1, calls)
+		require.Equal(t, "true", second.Header.Get(idem.HeaderReplayed))
+		require.Equal(t, code, second.StatusCode)
+		if code == http.StatusNoContent || code == http.StatusNotModified {
+			// No body on the wire (httptest's recorder keeps what a server drops).
+			require.Empty(t, secondBody)
+		} else {
+			require.Equal(t, firstBody, secondBody, "the body is replayed byte for byte")
+		}
+		for _, name := range []string{"Location", "Content-Type", "ETag"} {
+			var want []string
+			for _, v := range first.Header.Values(name) {
+				if !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v) { // never replayed: could split or truncate a header, or not survive storage
+					want = append(want, v)
+				}
+			}
+			require.Equal(t, want, second.Header.Values(name), "%s is replayed as sent, or not at all", name)
+		}
+		for _, name := range neverReplayed {
+			require.Empty(t, second.Header.Values(name), "%s must never be replayed", name)
+		}
+	})
+}
