@@ -80,7 +80,9 @@ WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval 
 
 		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 status (NULL for
 		// an in-progress row), $6 headers, $7 body, $8 retention. No row
-		// back means a live row was already there.
+		// back means a live row was already there. Only the timestamps come
+		// back: the rest of the row is what the caller just sent, so it is
+		// not decoded again.
 		insert: r.Replace(`
 INSERT INTO {t} AS t (user_id, key, request_hash, owner_token,
 	response_status, response_headers, response_body, completed_at)
@@ -97,7 +99,7 @@ ON CONFLICT (user_id, key) DO UPDATE SET
 	reconcile_attempts = 0,
 	reconcile_after    = NULL
 WHERE t.created_at < now() - $8::bigint * interval '1 microsecond'
-RETURNING {cols}`),
+RETURNING created_at, completed_at`),
 
 		// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body,
 		// $7 retention.

@@ -180,13 +180,27 @@ func (s *Store) Insert(ctx context.Context, p ClaimParams, a *Answer) (Record, e
 		}
 		status, headers, body = st, h, b
 	}
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.insert,
-		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], status, headers, body, s.retention))
+	rec := Record{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Owner: p.Owner}
+	var completed *time.Time
+	err := s.db.QueryRow(ctx, s.sql.insert,
+		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], status, headers, body, s.retention).Scan(&rec.CreatedAt, &completed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, &opError{op: op, kind: ErrExists}
 	}
 	if err != nil {
 		return Record{}, translate(op, err)
+	}
+	if a != nil {
+		// The row as written, without decoding it back: nil header and body
+		// read back as empty, as from Get.
+		w := Answer{Status: a.Status, Header: a.Header.Clone(), Body: append([]byte{}, a.Body...)}
+		if w.Header == nil {
+			w.Header = http.Header{}
+		}
+		rec.Answer = &w
+	}
+	if completed != nil {
+		rec.CompletedAt = *completed
 	}
 	return rec, nil
 }
