@@ -216,6 +216,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	}
 	g, err := idem.New(fs, cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() }) // stops background writes of unstored answers
 	r := &rig{t: t, strategy: o.strategy, guard: g, store: fs, mr: o.mr}
 	r.srv = httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(r.serveHTTP)))
 	t.Cleanup(r.srv.Close)
@@ -558,7 +559,9 @@ func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Durati
 	})
 	for i, in := range all {
 		v := replays[i]
-		if blocked[i] {
+		if blocked[i] && !v.final() {
+			// Still held by the extended lease (the background write may
+			// not have gone through yet): in progress, and never run again.
 			require.Equal(t, http.StatusConflict, v.status, "intent %s: unstored hybrid answer must stay in progress", in.key)
 			require.LessOrEqual(t, len(in.charged()), 1, "intent %s ran again", in.key)
 			f.executions += len(in.charged())

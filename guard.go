@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -146,6 +147,14 @@ type Config struct {
 	// WARNING: in table mode with no WorkTimeout, detached work is bounded
 	// only by itself.
 	DetachWork bool
+	// StoreRetryFor is how long, in hybrid mode, the guard keeps trying in
+	// the background to write an answer (or an in-progress row) whose write
+	// failed after the work ran, while the lease, extended to the retention,
+	// keeps retries at 409. Once written, the lease is released and retries
+	// are replayed (or, for an in-progress row, the reconciler can settle
+	// the key). Retries back off from 1s to 30s. Call Guard.Close to stop
+	// them. Defaults to 10m; negative disables.
+	StoreRetryFor time.Duration
 	// StoreTimeout bounds each call to the store and, after the work, the
 	// call that stores its answer (which runs even if the caller's context is
 	// cancelled, so a client that hangs up does not lose the answer).
@@ -178,8 +187,9 @@ type Config struct {
 }
 
 const (
-	defaultStoreTimeout = 5 * time.Second
-	defaultCacheTTL     = time.Minute
+	defaultStoreTimeout  = 5 * time.Second
+	defaultStoreRetryFor = 10 * time.Minute
+	defaultCacheTTL      = time.Minute
 	// cacheSkew is subtracted from a key's expiry in the store when caching
 	// its answer, to absorb skew between the database and local clocks.
 	cacheSkew = time.Minute
@@ -205,6 +215,14 @@ type Guard struct {
 	retention    time.Duration // the store's, when it tells; bounds cache entries
 	cache        *answerCache  // nil without Config.CacheSize
 	tel          telemetry
+
+	// Background writes of answers whose write failed (hybrid): see
+	// Config.StoreRetryFor and Close.
+	storeRetryFor time.Duration
+	bgMu          sync.Mutex
+	bgClosed      bool
+	bgStop        chan struct{}
+	bg            sync.WaitGroup
 }
 
 // retentionReporter is implemented by stores that tell how long keys live
@@ -252,13 +270,18 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	if c.CacheTTL == 0 {
 		c.CacheTTL = defaultCacheTTL
 	}
+	if c.StoreRetryFor == 0 {
+		c.StoreRetryFor = defaultStoreRetryFor
+	}
 	g := &Guard{
-		store:        store,
-		lock:         c.Lock,
-		workTimeout:  c.WorkTimeout,
-		detach:       c.DetachWork,
-		storeTimeout: c.StoreTimeout,
-		log:          c.Logger,
+		storeRetryFor: c.StoreRetryFor,
+		bgStop:        make(chan struct{}),
+		store:         store,
+		lock:          c.Lock,
+		workTimeout:   c.WorkTimeout,
+		detach:        c.DetachWork,
+		storeTimeout:  c.StoreTimeout,
+		log:           c.Logger,
 	}
 	if r, ok := store.(retentionReporter); ok {
 		g.retention = r.Retention()
@@ -770,7 +793,84 @@ func (x *execution) insert(ctx context.Context, a *durable.Answer) (durable.Reco
 	}
 	x.holdLease(ctx)
 	x.storeFailed(ctx, "insert", err)
+	if x.lease != nil && x.extended && !errors.Is(err, durable.ErrInvalid) {
+		x.g.storeLater(x.req, x.owner, a, x.lease)
+	}
 	return durable.Record{}, false
+}
+
+// storeLater keeps trying, in the background, to write the hybrid's durable
+// row (finished with a, in progress with nil) after the write failed under
+// the request, for up to StoreRetryFor or until Close. Once it is written the
+// lease, which holds retries at 409 meanwhile, is released.
+func (g *Guard) storeLater(req Request, owner durable.Token, a *durable.Answer, lease *lock.Lease) {
+	if g.storeRetryFor <= 0 {
+		return
+	}
+	g.bgMu.Lock()
+	defer g.bgMu.Unlock()
+	if g.bgClosed {
+		return
+	}
+	var answer *durable.Answer
+	if a != nil {
+		c := *a
+		answer = &c
+	}
+	p := durable.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner}
+	g.bg.Go(func() {
+		log := g.log.With(slog.String("key_hash", keyHash(req)))
+		deadline := time.Now().Add(g.storeRetryFor)
+		pause := time.Second
+		timer := time.NewTimer(pause)
+		defer timer.Stop()
+		for {
+			select {
+			case <-g.bgStop:
+				log.Warn("idem: guard closed before the answer could be stored; the lease keeps the key in progress until it expires")
+				return
+			case <-timer.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), g.storeTimeout)
+			_, err := g.store.Insert(ctx, p, answer)
+			cancel()
+			switch {
+			case err == nil:
+				rctx, cancel := context.WithTimeout(context.Background(), g.storeTimeout)
+				rerr := lease.Release(rctx)
+				cancel()
+				log.Info("idem: answer stored after a failed write; retries are answered from the store again",
+					slog.Bool("lease_released", rerr == nil))
+				return
+			case errors.Is(err, durable.ErrExists), errors.Is(err, durable.ErrInvalid):
+				log.Error("idem: giving up storing the answer", slog.Any("error", err))
+				return
+			}
+			if !time.Now().Add(pause).Before(deadline) {
+				log.Error("idem: could not store the answer within StoreRetryFor; the lease keeps the key in progress until it expires",
+					slog.String("lease", lease.Key()), slog.Any("error", err))
+				return
+			}
+			pause = min(2*pause, 30*time.Second)
+			timer.Reset(pause)
+		}
+	})
+}
+
+// Close stops the guard's background work, the retries of answers whose
+// write failed (see Config.StoreRetryFor), and waits for it to end. Do,
+// Settle and Release keep working after Close; answers whose write fails
+// from then on are left to their extended leases. Safe to call more than
+// once and concurrently.
+func (g *Guard) Close() error {
+	g.bgMu.Lock()
+	if !g.bgClosed {
+		g.bgClosed = true
+		close(g.bgStop)
+	}
+	g.bgMu.Unlock()
+	g.bg.Wait()
+	return nil
 }
 
 // Writes of an answer after the work are tried storeAttempts times, with

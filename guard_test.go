@@ -78,6 +78,7 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 	g, err := idem.New(s, &o.cfg)
 	require.NoError(t, err)
 	b.guard = g
+	t.Cleanup(func() { require.NoError(t, g.Close()) })
 	return b
 }
 
@@ -701,4 +702,71 @@ func TestOwnedSettleAndRelease(t *testing.T) {
 	require.EqualValues(t, 1, b.guard.Stats().Released)
 
 	require.Zero(t, b.guard.MaxHold(), "table mode without WorkTimeout: unbounded")
+}
+
+// flakyStore fails Insert the first n times, as a PostgreSQL that comes back
+// shortly after the work ran.
+type flakyStore struct {
+	idem.Store
+	fails atomic.Int32
+}
+
+func (f *flakyStore) Insert(ctx context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error) {
+	if f.fails.Add(-1) >= 0 {
+		return durable.Record{}, errors.New("connection refused")
+	}
+	return f.Store.Insert(ctx, p, a)
+}
+
+// Hybrid: an answer whose write failed under the request is written in the
+// background once the store is back; meanwhile the extended lease holds
+// retries at 409, and the work never runs again.
+func TestHybridStoresAnswerLater(t *testing.T) {
+	var fs *flakyStore
+	b := setup(t, "hybrid-miniredis", func(o *setupOpts) {
+		o.store = func(s idem.Store) idem.Store {
+			fs = &flakyStore{Store: s}
+			fs.fails.Store(4) // the request's three tries and the first background one
+			return fs
+		}
+	})
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	w := &counter{resp: created("late")}
+	_, out, err := b.guard.Do(ctx, r, w.work)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	ttl := b.mr.TTL(mustLocker(t, b.redis).Key(r.Scope, r.Key))
+	require.Greater(t, ttl, time.Hour, "the lease is extended to the retention")
+
+	_, out, _ = b.guard.Do(ctx, r, w.work)
+	require.Equal(t, idem.OutcomeInProgress, out)
+	var resp idem.Response
+	require.Eventually(t, func() bool {
+		resp, out, _ = b.guard.Do(ctx, r, w.work)
+		return out == idem.OutcomeReplayed
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, "/orders/late", resp.Header.Get("Location"))
+	require.EqualValues(t, 1, w.n.Load(), "the work ran once")
+}
+
+// Close stops the background retries promptly; the key stays held by its
+// lease.
+func TestCloseStopsBackgroundStores(t *testing.T) {
+	b := setup(t, "hybrid-miniredis", func(o *setupOpts) {
+		o.store = func(s idem.Store) idem.Store { return faultyStore{Store: s, err: errors.New("down")} }
+	})
+	r := req("u", newKey(), "x")
+	_, out, _ := b.guard.Do(context.Background(), r, (&counter{resp: created("x")}).work)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	done := make(chan struct{})
+	go func() { _ = b.guard.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not stop the background store")
+	}
+	require.NoError(t, b.guard.Close(), "Close is idempotent")
+	_, out, _ = b.guard.Do(context.Background(), r, nil2xx(t))
+	require.Equal(t, idem.OutcomeInProgress, out, "the lease still holds the key")
 }

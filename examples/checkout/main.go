@@ -282,6 +282,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer func() { _ = guard.Close() }() // stops background writes of answers whose write failed
 
 	orders, err := newOrderStore(ctx, pool, cfg.schema)
 	if err != nil {
