@@ -82,10 +82,6 @@ type badCase struct {
 	calls int32 // handler executions the whole case may cause
 }
 
-// badInputBugs are library bugs that a catalogue case exposes, by case name:
-// those cases are skipped until fixed.
-var badInputBugs = map[string]string{}
-
 func one(s step) func(string) []step {
 	return func(k string) []step {
 		for i, v := range s.keys {
@@ -339,9 +335,6 @@ func TestBadInputCatalogue(t *testing.T) {
 			t.Cleanup(srv.Close)
 			for _, tc := range cat {
 				t.Run(tc.name, func(t *testing.T) {
-					if bug := badInputBugs[tc.name]; bug != "" {
-						t.Skip("BUG: " + bug)
-					}
 					before := h.calls.Load()
 					var first answer
 					for i, s := range tc.steps(newKey()) {

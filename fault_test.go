@@ -55,12 +55,6 @@ const (
 	slowWorkTime     = 1200 * time.Millisecond
 )
 
-// knownBugHybridLostStore tolerates, in the load scenarios, the re-execution
-// that TestFaultHybridLostStoreReexecutes exposes (skipped: BUG): in hybrid
-// mode, when storing the answer fails after the work ran, the next retry
-// after the lease's TTL runs the work again. Set it to false once fixed.
-const knownBugHybridLostStore = false
-
 // ---- the rig -------------------------------------------------------------
 
 // intent is one client intent: one (scope, key, body), sent until it gets a
@@ -806,12 +800,7 @@ func TestFaultPostgresDown(t *testing.T) {
 				}
 			})
 			f := figures{scenario: "postgres-" + tc.fault, strategy: tc.strategy, faults: 1, recovered: recovered}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
-				if knownBugHybridLostStore && tc.strategy == "hybrid" && r.store.lost(in) {
-					return "BUG-hybrid-lost-store-rerun-after-ttl"
-				}
-				return ""
-			})
+			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(*intent) string { return "" })
 			require.NotZero(t, f.status503, "requests during the outage are refused with 503")
 			r.fresh(t)
 			f.log(t)
@@ -860,12 +849,7 @@ CREATE TRIGGER slow_store BEFORE INSERT OR UPDATE ON `+table+` FOR EACH ROW EXEC
 				require.NoError(t, err)
 			})
 			f := figures{scenario: "pg-statement-timeout", strategy: strategy, recovered: recovered}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(in *intent) string {
-				if knownBugHybridLostStore && strategy == "hybrid" && r.store.lost(in) {
-					return "BUG-hybrid-lost-store-rerun-after-ttl"
-				}
-				return ""
-			})
+			r.finish(t, &f, all, faultLeaseTTL+time.Second, func(*intent) string { return "" })
 			for _, in := range all {
 				if r.store.lost(in) {
 					f.faults++
@@ -1003,12 +987,7 @@ func TestFaultCrashBetweenWorkAndStore(t *testing.T) {
 				r.mr.FastForward(faultLeaseTTL + time.Second)
 			}
 			f := figures{scenario: "crash-before-store", strategy: strategy, faults: int(r.store.crashes.Load()), recovered: recovered}
-			r.finish(t, &f, all, 500*time.Millisecond, func(in *intent) string {
-				if knownBugHybridLostStore && strategy == "hybrid" && r.store.lost(in) {
-					return "BUG-hybrid-lost-store-rerun-after-ttl"
-				}
-				return ""
-			})
+			r.finish(t, &f, all, 500*time.Millisecond, func(*intent) string { return "" })
 			require.NotZero(t, f.faults)
 			if strategy == "table" {
 				require.LessOrEqual(t, f.settled, f.faults, "only crashed keys waited for the reconciler")

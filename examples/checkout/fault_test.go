@@ -144,17 +144,5 @@ func TestFaultRedisKilledUnderOrders(t *testing.T) {
 	t.Logf("RELIABILITY scenario=checkout-redis-killed  strategy=hybrid requests=%5d faults=  1 intents=%4d paid=%d charges=%d double_charges=%d handler_reruns_absorbed=%d answers_lost=%d http_409=%d http_503=%d http_500=%d no_answer=%d recovered_in=%v",
 		requests, len(intents), paid, charges, charges-paid, reruns, lost, statuses[http.StatusConflict],
 		statuses[http.StatusServiceUnavailable], statuses[http.StatusInternalServerError], transport, recovered.Round(time.Millisecond))
-	if n := statuses[http.StatusInternalServerError]; n > 0 && knownBugCheckout500InWindow {
-		t.Skipf("BUG: %d answers were 500 (see knownBugCheckout500InWindow)", n)
-	}
 	require.Zero(t, statuses[http.StatusInternalServerError], "no 500 may escape: %v", statuses)
 }
-
-// knownBugCheckout500InWindow: in the Redis-loss window, when the guard runs
-// the handler a second time through the table fallback, the first execution's
-// idem.Complete fails with durable.ErrExists (the fallback's row is there)
-// and orders.go finish answers 500 "order outcome not recorded", although the
-// outcome is recorded (by the other execution) and nothing is left to
-// reconcile: a retry is replayed the stored 201. The right answer is a 409
-// (retry: it replays) or the stored answer. Set to false once fixed.
-const knownBugCheckout500InWindow = false
