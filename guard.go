@@ -378,7 +378,8 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 
 	// The lease is ours. Give it back when done, unless the work ran and its
 	// outcome could not be recorded: then the lease is all that stops a retry
-	// from running the work again, so it is left to expire by its TTL.
+	// from running the work again, so it is kept, extended to the retention,
+	// until the row is written in the background (holdLease, storeLater).
 	x := &execution{g: g, req: req, owner: newToken(), mode: StrategyHybrid, lease: lease}
 	defer func() {
 		if x.keepLease {
