@@ -22,8 +22,8 @@
 //
 // A key that changed while the ResolveFunc worked (its request finished, was
 // released, or expired and was claimed anew) is skipped: the decision is
-// about the intent that was listed, and the key is re-read just before the
-// decision is applied. In the hybrid strategy a process that dies mid-work
+// about the intent that was listed, and it is applied only to that claim's
+// owner token (Guard.SettleOwned, ReleaseOwned), in the same statement. In the hybrid strategy a process that dies mid-work
 // leaves no row, only a lease that expires, so there is nothing to reconcile:
 // the next retry runs the work.
 //
@@ -141,8 +141,6 @@ type maxHolder interface{ MaxHold() time.Duration }
 type Store interface {
 	// ListDue lists due in-progress rows older than olderThan, oldest first.
 	ListDue(ctx context.Context, olderThan time.Duration, limit int) ([]durable.DueRecord, error)
-	// Get reads the live row of a key.
-	Get(ctx context.Context, scope, key string) (durable.Record, error)
 	// Postpone records a failed attempt and hides the row for delay.
 	Postpone(ctx context.Context, scope, key string, owner durable.Token, attempts int, delay time.Duration) error
 	// Table names the table; the advisory lock is derived from it.
@@ -417,9 +415,6 @@ func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Resul
 			res.Unknown++
 		}
 	case Settled, NothingHappened:
-		if !r.unchanged(sctx, log, d, res) {
-			return
-		}
 		if dec.Verdict == Settled {
 			err = r.guard.SettleOwned(sctx, d.Scope, d.Key, d.Owner, dec.Response)
 		} else {
@@ -473,25 +468,6 @@ func (d Decision) validate() error {
 		return nil
 	}
 	return fmt.Errorf("reconcile: resolver returned an invalid verdict %d", int(d.Verdict))
-}
-
-// unchanged reports whether the key is still the in-progress intent that was
-// listed: the resolver may have taken a while, during which the owner may
-// have finished, or the key expired and a new request took it over. A
-// decision about the old intent must not touch a new one.
-func (r *Reconciler) unchanged(ctx context.Context, log *slog.Logger, d durable.DueRecord, res *Result) bool {
-	rec, err := r.store.Get(ctx, d.Scope, d.Key)
-	switch {
-	case gone(err), err == nil && (rec.Owner != d.Owner || !rec.InProgress()):
-		res.Skipped++
-		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
-		return false
-	case err != nil:
-		res.Errors++
-		log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not read the key", slog.Any("error", err))
-		return false
-	}
-	return true
 }
 
 // postpone records one more failed attempt and hides the key for its
