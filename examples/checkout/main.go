@@ -235,7 +235,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// Redis, for the hybrid strategy only.
-	gcfg := &idem.Config{Logger: log}
+	// DetachWork: a client that hangs up must not cancel a charge under way
+	// and turn it into an unknown outcome; the work keeps the guard's
+	// deadline, and its answer is stored and replayed to the client's retry.
+	gcfg := &idem.Config{Logger: log, DetachWork: true}
 	if cfg.strategy == idem.StrategyTable {
 		gcfg.WorkTimeout = workTimeout
 	}

@@ -130,7 +130,10 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	pctx, cancel := paymentContext(ctx)
+	// The guard's DetachWork already keeps a client's hang-up from cancelling
+	// ctx; the work's deadline (in hybrid mode, before the Redis lease ends)
+	// still applies, and this bounds the provider call further.
+	pctx, cancel := context.WithTimeout(ctx, paymentTimeout)
 	defer cancel()
 	ch, err := c.payrail.Charge(pctx, o.paymentKey(), ChargeRequest{
 		Amount: o.amount, Currency: "EUR", PaymentMethod: o.paymentMethod,
@@ -145,7 +148,7 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 		// second order and a second charge, until the reconciler has asked
 		// the provider about the order's payment key.
 		o.Status = OrderPaymentUnknown
-		if uerr := c.orders.update(context.WithoutCancel(ctx), c.orders.pool, o); uerr != nil {
+		if uerr := c.orders.update(ctx, c.orders.pool, o); uerr != nil {
 			c.log.LogAttrs(ctx, slog.LevelError, "checkout: order status not recorded", slog.Any("error", uerr))
 		}
 		c.log.LogAttrs(ctx, slog.LevelWarn, "checkout: payment outcome unknown",
@@ -164,7 +167,7 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 // but nothing says so: answer 500, which leaves the key in progress for the
 // reconciler (it finds the charge at the provider and settles the key).
 func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp idem.Response) {
-	ctx := context.WithoutCancel(r.Context()) // the charge is done: record it even if the client left
+	ctx := r.Context() // detached from the client (Config.DetachWork): recorded even if the client left
 	err := pgx.BeginFunc(ctx, c.orders.pool, func(tx pgx.Tx) error {
 		if err := c.orders.update(ctx, tx, o); err != nil {
 			return err
@@ -275,19 +278,6 @@ func decodeOrder(body io.Reader) (createOrderRequest, string) {
 		seen[id] = true
 	}
 	return in, ""
-}
-
-// paymentContext returns the context of the call to the provider. It keeps
-// the guard's deadline, which in hybrid mode ends before the Redis lease, but
-// drops the client's cancellation: once a charge is under way, a client that
-// hangs up must not turn it into an unknown outcome. The answer is then
-// stored by the guard and replayed to the client's retry.
-func paymentContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	deadline := time.Now().Add(paymentTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
 // bearerUser is the demo authentication: "Authorization: Bearer <user-id>",
