@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,19 +22,17 @@ func TestIntended(t *testing.T) {
 }
 
 func TestRunIssuesEveryArrivalOnSchedule(t *testing.T) {
+	const rate = 500 // one arrival every 2ms
 	var (
-		mu    sync.Mutex
-		seen  = map[int64]time.Time{}
-		start time.Time
+		mu   sync.Mutex
+		seen = map[int64]time.Time{}
 	)
-	res, err := Run(t.Context(), Step{Rate: 500, Duration: 200 * time.Millisecond, MaxInFlight: 4},
+	res, err := Run(t.Context(), Step{Rate: rate, Duration: 200 * time.Millisecond, MaxInFlight: 4},
 		func(ctx context.Context, i int64) (string, error) {
+			now := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
-			if i == 0 {
-				start = time.Now()
-			}
-			seen[i] = time.Now()
+			seen[i] = now
 			return "ok", nil
 		})
 	require.NoError(t, err)
@@ -44,15 +43,46 @@ func TestRunIssuesEveryArrivalOnSchedule(t *testing.T) {
 	require.Zero(t, res.Errors)
 	require.Equal(t, map[string]int64{"ok": 100}, res.Outcomes)
 	require.Len(t, seen, 100)
-	// Arrival i starts about i*2ms after arrival 0: never early, and late
-	// only by scheduling noise.
-	for i := int64(1); i < 100; i++ {
-		want := start.Add(time.Duration(i) * 2 * time.Millisecond)
-		require.False(t, seen[i].Before(want.Add(-time.Millisecond)), "arrival %d early by %v", i, want.Sub(seen[i]))
-		require.Less(t, seen[i].Sub(want), 50*time.Millisecond, "arrival %d late", i)
+
+	// Each arrival is measured against its own slot in the schedule Run
+	// computed, not against when an earlier arrival happened to be seen:
+	// an open-loop generator never moves its schedule, so a late arrival
+	// must not shift the expectations for the ones after it.
+	//
+	// Tolerances. Early: none. Run waits for each intended time on the
+	// monotonic clock, and time.Now here reads the same clock after the
+	// hand-off, so an op can never start before its slot.
+	// Late: this test runs on shared 2-core machines, under -race, next to
+	// other packages' tests. A single arrival can be late by a preemption
+	// or a timer that fires a few ms late, and an open-loop generator then
+	// catches up (the arrivals it owes go out back to back), so lateness
+	// comes in short bursts that do not last. Hence two bounds:
+	//   - maxLate bounds any one arrival. 50ms is 25 arrival intervals:
+	//     far beyond a scheduling hiccup, yet a stall long enough to break
+	//     the schedule outright fails.
+	//   - medianLate bounds the typical arrival: noise leaves most arrivals
+	//     within a few hundred µs of their slot, whereas a generator whose
+	//     lateness accumulates (e.g. one that sleeps an interval after each
+	//     send instead of until the next slot) is late by half its total
+	//     drift at the median: a drift of 0.15ms per arrival (15ms over
+	//     the step) fails.
+	const (
+		maxLate    = 50 * time.Millisecond
+		medianLate = 5 * time.Millisecond
+	)
+	late := make([]time.Duration, 0, 100)
+	for i := range int64(100) {
+		at, ok := seen[i]
+		require.True(t, ok, "arrival %d skipped", i)
+		due := Intended(res.start, rate, i)
+		require.False(t, at.Before(due), "arrival %d early by %v", i, due.Sub(at))
+		require.Less(t, at.Sub(due), maxLate, "arrival %d late", i)
+		late = append(late, at.Sub(due))
 	}
-	require.InDelta(t, 500, res.Achieved(), 60)
-	require.Less(t, res.Latency.Quantile(0.5), 5*time.Millisecond)
+	slices.Sort(late)
+	require.Less(t, late[len(late)/2], medianLate, "median lateness (max %v)", late[len(late)-1])
+	require.InDelta(t, rate, res.Achieved(), 60)
+	require.Less(t, res.Latency.Quantile(0.5), medianLate)
 }
 
 // With one worker and requests slower than the arrival interval, each

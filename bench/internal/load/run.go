@@ -81,6 +81,10 @@ type Result struct {
 	Interrupted bool
 	// FirstErr is the first error an Op returned, for diagnosis.
 	FirstErr error
+
+	// start is the intended start of arrival 0: arrival i was due at
+	// Intended(start, Step.Rate, i).
+	start time.Time
 }
 
 // Offered returns the offered rate in arrivals per second.
@@ -137,12 +141,16 @@ func Run(ctx context.Context, s Step, op Op) (*Result, error) {
 
 	var (
 		wg       sync.WaitGroup
-		mu       sync.Mutex // guards res.Outcomes, res.Errors, res.FirstErr
-		lastDone atomic.Int64
+		mu       sync.Mutex   // guards res.Outcomes, res.Errors, res.FirstErr
+		lastDone atomic.Int64 // latest completion, in ns since start
 		done     atomic.Int64
 	)
 	ch := make(chan arrival)
+	// start carries a monotonic clock reading, and so do the intended
+	// times and the completion offsets derived from it: a step of the wall
+	// clock during the run does not move them.
 	start := time.Now().Add(time.Millisecond)
+	res.start = start
 	for range s.MaxInFlight {
 		wg.Go(func() {
 			local := make(map[string]int64)
@@ -155,9 +163,9 @@ func Run(ctx context.Context, s Step, op Op) (*Result, error) {
 				res.Latency.Record(end.Sub(a.at))
 				res.Service.Record(end.Sub(began))
 				done.Add(1)
-				for {
+				for since := int64(end.Sub(start)); ; {
 					last := lastDone.Load()
-					if end.UnixNano() <= last || lastDone.CompareAndSwap(last, end.UnixNano()) {
+					if since <= last || lastDone.CompareAndSwap(last, since) {
 						break
 					}
 				}
@@ -218,7 +226,7 @@ dispatch:
 	}
 	res.Completed = done.Load()
 	res.Interrupted = ctx.Err() != nil
-	res.Elapsed = max(s.Duration, time.Unix(0, lastDone.Load()).Sub(start))
+	res.Elapsed = max(s.Duration, time.Duration(lastDone.Load()))
 	if res.Completed == 0 {
 		res.Elapsed = s.Duration
 	}
