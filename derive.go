@@ -6,18 +6,19 @@ import (
 	"strings"
 )
 
-// DeriveID returns an identifier derived from the intent (req.Scope, req.Key)
-// and a purpose ("order", "payment", ...): prefix followed by 26 lowercase
-// base32 characters (130 bits of SHA-256 over the length-prefixed parts).
+// DeriveID returns an identifier derived from an intent and a purpose
+// ("order", "payment", ...): prefix followed by 26 lowercase base32
+// characters (130 bits of SHA-256 over the length-prefixed parts).
 //
-// Every execution of the same intent derives the same ID, also after a crash
-// and a restart, and different intents or purposes never share one. Give the
+// Every execution of the same intent derives the same ID: the work (with
+// IntentFromContext) and a reconciler (with reconcile.Item.Intent), also after
+// a crash and a restart. Different intents or purposes never share one; a key
+// reused after it expired is a new intent, so it derives a new ID. Give the
 // resources the work creates such IDs (an order's public id, say) and make
-// them unique in your own tables: then even a second execution, which idem
-// prevents but a lost lease or a restored backup could cause, cannot create a
-// second order, and DownstreamKey gives the provider the same key again.
-func DeriveID(prefix, purpose string, req Request) string {
-	fp := HashParts([]byte("idem/derive/v1"), []byte(purpose), []byte(req.Scope), []byte(req.Key))
+// them unique in your own tables, and DownstreamKey gives the provider the
+// same key for the same intent.
+func DeriveID(prefix, purpose string, intent IntentID) string {
+	fp := HashParts([]byte("idem/derive/v2"), []byte(purpose), intent[:])
 	enc := base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(fp[:17])
 	return prefix + strings.ToLower(enc[:26])
 }

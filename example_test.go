@@ -56,7 +56,7 @@ func ExampleGuard_Middleware() {
 		log.Fatal(err)
 	}
 	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 	defer rdb.Close()
 	locker, err := lock.New(rdb, nil)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -177,22 +178,8 @@ func (s *memStore) Get(_ context.Context, scope, key string) (durable.Record, er
 	return s.record(scope, key, r), nil
 }
 
-func (s *memStore) Insert(_ context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := [2]string{p.Scope, p.Key}
-	if _, ok := s.rows[k]; ok {
-		return durable.Record{}, durable.ErrExists
-	}
-	r := &memRow{fp: p.Fingerprint, owner: p.Owner}
-	if a != nil {
-		if err := s.set(r, *a); err != nil {
-			return durable.Record{}, err
-		}
-	}
-	s.rows[k] = r
-	return s.record(p.Scope, p.Key, r), nil
-}
+// Retention: rows of this store never expire within a fuzz run.
+func (s *memStore) Retention() time.Duration { return 24 * time.Hour }
 
 func (s *memStore) update(scope, key string, owner *durable.Token, fn func(k [2]string, r *memRow) error) error {
 	s.mu.Lock()

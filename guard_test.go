@@ -60,7 +60,7 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 		o.cfg.Lock, b.redis = l, c
 	case "hybrid-miniredis":
 		b.mr = miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: b.mr.Addr(), MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: b.mr.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		l, err := lock.New(c, nil)
 		require.NoError(t, err)
@@ -78,7 +78,6 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 	g, err := idem.New(s, &o.cfg)
 	require.NoError(t, err)
 	b.guard = g
-	t.Cleanup(func() { require.NoError(t, g.Close()) })
 	return b
 }
 
@@ -385,17 +384,32 @@ func TestRetrySafeReleasesKey(t *testing.T) {
 	require.False(t, idem.MarkRetrySafe(context.Background()))
 }
 
-func TestPanicReleasesAndRepanics(t *testing.T) {
+// A panic may come after a side effect: the key stays in progress and the
+// panic continues. Only a work that said MarkRetrySafe first gets its key
+// released.
+func TestPanicLeavesKeyInProgress(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
 		r := req("u", newKey(), "x")
 		require.PanicsWithValue(t, "handler bug", func() {
 			_, _, _ = b.guard.Do(context.Background(), r, func(context.Context) (idem.Response, error) {
-				panic("handler bug")
+				panic("handler bug") // after the charge, say
+			})
+		})
+		_, out, err := b.guard.Do(context.Background(), r, nil2xx(t))
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.Equal(t, idem.OutcomeInProgress, out)
+		require.EqualValues(t, 1, b.guard.Stats().Pending)
+
+		safe := req("u", newKey(), "y")
+		require.PanicsWithValue(t, "bug before any effect", func() {
+			_, _, _ = b.guard.Do(context.Background(), safe, func(ctx context.Context) (idem.Response, error) {
+				idem.MarkRetrySafe(ctx)
+				panic("bug before any effect")
 			})
 		})
 		w := &counter{resp: created("after-panic")}
-		_, out, err := b.guard.Do(context.Background(), r, w.work)
+		_, out, err = b.guard.Do(context.Background(), safe, w.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out)
 	})
@@ -444,39 +458,58 @@ func TestAnswerStoredAfterCallerCancels(t *testing.T) {
 	})
 }
 
-// An expired key is a new intent, even before any sweep.
+// An expired key is a new intent, even before any sweep: it runs again
+// under a new IntentID, so what it derives (an order id, a provider key) is
+// new too.
 func TestExpiredKeyIsNewIntent(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
 		ctx := context.Background()
 		r := req("u", newKey(), "x")
-		w := &counter{resp: created("first")}
-		_, _, err := b.guard.Do(ctx, r, w.work)
+		var intents []idem.IntentID
+		work := func(ctx context.Context) (idem.Response, error) {
+			id, ok := idem.IntentFromContext(ctx)
+			require.True(t, ok)
+			intents = append(intents, id)
+			return created(idem.DeriveID("ord_", "order", id)), nil
+		}
+		first, _, err := b.guard.Do(ctx, r, work)
 		require.NoError(t, err)
 		_, err = b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '25 hours' WHERE key = $1", r.Key)
 		require.NoError(t, err)
-		_, out, err := b.guard.Do(ctx, r, w.work)
+		if b.mr != nil {
+			b.mr.FastForward(time.Minute) // the lease of the first request is long gone
+		}
+		second, out, err := b.guard.Do(ctx, r, work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out)
-		require.EqualValues(t, 2, w.n.Load())
+		require.Len(t, intents, 2)
+		require.NotEqual(t, intents[0], intents[1], "a new intent")
+		require.NotEqual(t, first.Header.Get("Location"), second.Header.Get("Location"), "a new order, not the old one")
+
+		rec, err := b.store.Get(ctx, r.Scope, r.Key)
+		require.NoError(t, err)
+		require.Equal(t, intents[1], idem.IntentID(rec.Owner), "the row names the intent")
 	})
 }
 
-// In hybrid mode the work's deadline ends before the lease's TTL, with room
-// to store the answer.
-func TestHybridWorkDeadline(t *testing.T) {
-	b := setup(t, "hybrid-miniredis")
-	_, _, err := b.guard.Do(context.Background(), req("u", newKey(), "x"), func(ctx context.Context) (idem.Response, error) {
-		dl, ok := ctx.Deadline()
-		require.True(t, ok, "hybrid work must have a deadline")
-		require.Less(t, time.Until(dl), 30*time.Second-5*time.Second)
-		require.Greater(t, time.Until(dl), 20*time.Second)
-		return created("x"), nil
+// The work's deadline is WorkTimeout after the claim, in both strategies; in
+// hybrid mode it may outlive the lease, which is a filter, not the fence.
+func TestWorkDeadline(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		_, _, err := b.guard.Do(context.Background(), req("u", newKey(), "x"), func(ctx context.Context) (idem.Response, error) {
+			dl, ok := ctx.Deadline()
+			require.True(t, ok, "work must have a deadline")
+			require.InDelta(t, float64(20*time.Second), float64(time.Until(dl)), float64(time.Second), "the default WorkTimeout")
+			return created("x"), nil
+		})
+		require.NoError(t, err)
 	})
-	require.NoError(t, err)
-
-	_, err = idem.New(b.store, &idem.Config{Lock: mustLocker(t, b.redis), WorkTimeout: 29 * time.Second})
-	require.ErrorContains(t, err, "Config.WorkTimeout")
+	b := setup(t, "hybrid-miniredis")
+	g, err := idem.New(b.store, &idem.Config{Lock: mustLocker(t, b.redis), WorkTimeout: time.Minute})
+	require.NoError(t, err, "a WorkTimeout longer than the lease is allowed")
+	require.Equal(t, time.Minute+time.Second+5*5*time.Second+500*time.Millisecond, g.MaxHold())
 }
 
 func mustLocker(t *testing.T, c redis.UniversalClient) *lock.Locker {
@@ -485,57 +518,123 @@ func mustLocker(t *testing.T, c redis.UniversalClient) *lock.Locker {
 	return l
 }
 
-// A lease that expired long after a request finished cannot cause a second
-// execution: the answer is read from PostgreSQL under the new lease. A lease
-// left by a crashed holder that expires leaves an in-progress row that still
-// answers 409.
-func TestHybridExpiredLease(t *testing.T) {
+// A lease that expires (or vanishes with Redis) while the work runs lets a
+// retry through the filter, not through the fence: the retry's claim finds
+// the running row and answers 409, and the work runs once.
+func TestHybridLeaseLostDuringWork(t *testing.T) {
 	b := setup(t, "hybrid-miniredis")
 	ctx := context.Background()
-	l := mustLocker(t, b.redis)
-
-	// A holder that crashed after a 5xx: in-progress row, lease still set.
-	r := req("u", newKey(), "x")
-	_, out, _ := b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
-	require.NoError(t, b.redis.Set(ctx, l.Key(r.Scope, r.Key), "crashed-holder", 30*time.Second).Err())
-	_, out, _ = b.guard.Do(ctx, r, nil2xx(t))
-	require.Equal(t, idem.OutcomeInProgress, out)
-	b.mr.FastForward(31 * time.Second)
-	_, out, err := b.guard.Do(ctx, r, nil2xx(t))
-	require.ErrorIs(t, err, idem.ErrInProgress)
-	require.Equal(t, idem.OutcomeInProgress, out)
-
-	// The lease expiring while the work runs is detected and counted.
-	r2 := req("u", newKey(), "y")
-	_, out, err = b.guard.Do(ctx, r2, func(context.Context) (idem.Response, error) {
-		b.mr.FastForward(31 * time.Second)
-		return created("late"), nil
+	r := req("u", newKey(), "y")
+	w := &counter{resp: created("late")}
+	var retry idem.Outcome
+	resp, out, err := b.guard.Do(ctx, r, func(ctx context.Context) (idem.Response, error) {
+		b.mr.FastForward(31 * time.Second) // the lease expires mid-work
+		_, retry, _ = b.guard.Do(ctx, r, w.work)
+		b.mr.FlushAll() // and Redis loses every key
+		_, again, _ := b.guard.Do(ctx, r, w.work)
+		require.Equal(t, idem.OutcomeInProgress, again)
+		return created("first"), nil
 	})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out)
-	require.EqualValues(t, 1, b.guard.Stats().LockLost)
-	_, out, _ = b.guard.Do(ctx, r2, nil2xx(t))
+	require.Equal(t, idem.OutcomeInProgress, retry)
+	require.Zero(t, w.n.Load(), "the retries never ran")
+	replay, out, _ := b.guard.Do(ctx, r, nil2xx(t))
 	require.Equal(t, idem.OutcomeReplayed, out)
+	require.Equal(t, resp.Header.Get("Location"), replay.Header.Get("Location"))
+	require.Zero(t, b.guard.Stats().DoubleExecutions)
+
+	// A holder that crashed: its in-progress row answers 409 after its
+	// lease is gone, until a reconciler settles it.
+	r2 := req("u", newKey(), "x")
+	_, out, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	b.mr.FastForward(31 * time.Second)
+	_, out, err = b.guard.Do(ctx, r2, nil2xx(t))
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Equal(t, idem.OutcomeInProgress, out)
 }
 
-// Another execution writing the row under our lease is detected, counted and
-// leaves the first writer's answer in place.
-func TestHybridDetectsDoubleExecution(t *testing.T) {
-	b := setup(t, "hybrid-miniredis")
-	ctx := context.Background()
-	r := req("u", newKey(), "x")
-	_, out, err := b.guard.Do(ctx, r, func(context.Context) (idem.Response, error) {
-		a := durable.Answer(created("intruder"))
-		_, err := b.store.Insert(ctx, durable.ClaimParams{Scope: r.Scope, Key: r.Key, Fingerprint: r.Fingerprint, Owner: durable.Token{1}}, &a)
+// A claim released by hand (or by a reconciler, for work that overran
+// MaxHold) while the work ran is detected when the answer is written: the
+// answer of the execution that holds the row now stays, and the double
+// execution is counted and logged.
+func TestTakenOverClaimIsDetected(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		ctx := context.Background()
+		r := req("u", newKey(), "x")
+		_, out, err := b.guard.Do(ctx, r, func(ctx context.Context) (idem.Response, error) {
+			require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key))
+			if b.mr != nil {
+				b.mr.FlushAll()
+			}
+			_, out, err := b.guard.Do(ctx, r, (&counter{resp: created("second")}).work)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out)
+			return created("first"), nil
+		})
 		require.NoError(t, err)
-		return created("mine"), nil
+		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.EqualValues(t, 1, b.guard.Stats().DoubleExecutions)
+		resp, _, _ := b.guard.Do(ctx, r, nil2xx(t))
+		require.Equal(t, "/orders/second", resp.Header.Get("Location"))
 	})
-	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
-	require.EqualValues(t, 1, b.guard.Stats().DoubleExecutions)
-	resp, _, _ := b.guard.Do(ctx, r, nil2xx(t))
-	require.Equal(t, "/orders/intruder", resp.Header.Get("Location"))
+}
+
+// Two instances over one table, one on each strategy (a rolling deploy), or
+// both hybrid with Redis reachable from only one of them (a partial
+// partition): whichever claims first runs, the other answers 409 while it
+// runs and replays after. Never twice.
+func TestTwoInstancesNeverBothRun(t *testing.T) {
+	for _, tc := range []struct{ name, first, second string }{
+		{"hybrid-then-table", "hybrid", "table"},
+		{"table-then-hybrid", "table", "hybrid"},
+		{"partition/lease-holder-then-cut-off", "hybrid", "cut-off"},
+		{"partition/cut-off-then-lease-holder", "cut-off", "hybrid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, _ := testdb.Store(t, nil)
+			mr := miniredis.RunT(t)
+			cutOff := miniredis.RunT(t) // the Redis the cut-off instance cannot reach
+			cutOff.SetError("ERR unreachable")
+			guard := func(kind string) *idem.Guard {
+				cfg := &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+				switch kind {
+				case "hybrid":
+					cfg.Lock = mustLocker(t, testredis.Miniredis(t, mr))
+				case "cut-off":
+					cfg.Lock = mustLocker(t, testredis.Miniredis(t, cutOff))
+				}
+				g, err := idem.New(store, cfg)
+				require.NoError(t, err)
+				return g
+			}
+			a, b := guard(tc.first), guard(tc.second)
+			ctx := context.Background()
+			r := req("u", newKey(), "x")
+			var runs atomic.Int32
+			work := func(id string) idem.Work {
+				return func(context.Context) (idem.Response, error) { runs.Add(1); return created(id), nil }
+			}
+			resp, out, err := a.Do(ctx, r, func(ctx context.Context) (idem.Response, error) {
+				_, out, err := b.Do(ctx, r, work("B"))
+				require.ErrorIs(t, err, idem.ErrInProgress)
+				require.Equal(t, idem.OutcomeInProgress, out)
+				return work("A")(ctx)
+			})
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out)
+			for _, g := range []*idem.Guard{a, b} {
+				replay, out, err := g.Do(ctx, r, work("again"))
+				require.NoError(t, err)
+				require.Equal(t, idem.OutcomeReplayed, out)
+				require.Equal(t, resp.Header.Get("Location"), replay.Header.Get("Location"))
+			}
+			require.EqualValues(t, 1, runs.Load())
+			require.Zero(t, a.Stats().DoubleExecutions+b.Stats().DoubleExecutions)
+		})
+	}
 }
 
 // Redis unreachable: the hybrid falls back to the table claim for that
@@ -592,7 +691,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 			var mr *miniredis.Miniredis
 			if strategy != "table" {
 				mr = miniredis.RunT(t)
-				c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+				c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 				t.Cleanup(func() { _ = c.Close() })
 				cfg.Lock = mustLocker(t, c)
 			}
@@ -611,7 +710,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 	}
 }
 
-// faultyStore fails Complete and Insert, as a store that dies between the
+// faultyStore fails Complete, as a store that dies between the
 // work and storing its answer.
 type faultyStore struct {
 	idem.Store
@@ -620,10 +719,6 @@ type faultyStore struct {
 
 func (f faultyStore) Complete(context.Context, string, string, durable.Token, durable.Answer) error {
 	return f.err
-}
-
-func (f faultyStore) Insert(context.Context, durable.ClaimParams, *durable.Answer) (durable.Record, error) {
-	return durable.Record{}, f.err
 }
 
 // The answer cannot be stored: the caller still gets it, and the key stays
@@ -661,6 +756,15 @@ func TestNewValidation(t *testing.T) {
 	require.Equal(t, idem.StrategyTable, g.Strategy())
 	_, _, err = g.Do(context.Background(), req("u", "k", "x"), nil)
 	require.Error(t, err)
+
+	// A retention not longer than MaxHold would let a running key expire
+	// and be claimed again: refused, naming both.
+	short, err := durable.New(b.pool, &durable.Config{Retention: 30 * time.Second})
+	require.NoError(t, err)
+	_, err = idem.New(short, nil)
+	require.ErrorContains(t, err, "retention 30s must be longer than the Guard's MaxHold 46.5s")
+	_, err = idem.New(short, &idem.Config{WorkTimeout: 5 * time.Second, StoreTimeout: time.Second})
+	require.NoError(t, err, "MaxHold 11.5s")
 }
 
 func TestOutcomeString(t *testing.T) {
@@ -700,73 +804,47 @@ func TestOwnedSettleAndRelease(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, out)
 	require.EqualValues(t, 1, b.guard.Stats().Settled)
 	require.EqualValues(t, 1, b.guard.Stats().Released)
-
-	require.Zero(t, b.guard.MaxHold(), "table mode without WorkTimeout: unbounded")
 }
 
-// flakyStore fails Insert the first n times, as a PostgreSQL that comes back
-// shortly after the work ran.
-type flakyStore struct {
+// lostReplyStore commits the first Complete of each key and then reports it
+// failed, as a connection reset between the commit and its reply.
+type lostReplyStore struct {
 	idem.Store
-	fails atomic.Int32
+	lost sync.Map // scope\x00key -> true once a reply was lost
 }
 
-func (f *flakyStore) Insert(ctx context.Context, p durable.ClaimParams, a *durable.Answer) (durable.Record, error) {
-	if f.fails.Add(-1) >= 0 {
-		return durable.Record{}, errors.New("connection refused")
+func (s *lostReplyStore) Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+	if err := s.Store.Complete(ctx, scope, key, owner, a); err != nil {
+		return err
 	}
-	return f.Store.Insert(ctx, p, a)
-}
-
-// Hybrid: an answer whose write failed under the request is written in the
-// background once the store is back; meanwhile the extended lease holds
-// retries at 409, and the work never runs again.
-func TestHybridStoresAnswerLater(t *testing.T) {
-	var fs *flakyStore
-	b := setup(t, "hybrid-miniredis", func(o *setupOpts) {
-		o.store = func(s idem.Store) idem.Store {
-			fs = &flakyStore{Store: s}
-			fs.fails.Store(4) // the request's three tries and the first background one
-			return fs
-		}
-	})
-	ctx := context.Background()
-	r := req("u", newKey(), "x")
-	w := &counter{resp: created("late")}
-	_, out, err := b.guard.Do(ctx, r, w.work)
-	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
-	ttl := b.mr.TTL(mustLocker(t, b.redis).Key(r.Scope, r.Key))
-	require.Greater(t, ttl, time.Hour, "the lease is extended to the retention")
-
-	_, out, _ = b.guard.Do(ctx, r, w.work)
-	require.Equal(t, idem.OutcomeInProgress, out)
-	var resp idem.Response
-	require.Eventually(t, func() bool {
-		resp, out, _ = b.guard.Do(ctx, r, w.work)
-		return out == idem.OutcomeReplayed
-	}, 10*time.Second, 50*time.Millisecond)
-	require.Equal(t, "/orders/late", resp.Header.Get("Location"))
-	require.EqualValues(t, 1, w.n.Load(), "the work ran once")
-}
-
-// Close stops the background retries promptly; the key stays held by its
-// lease.
-func TestCloseStopsBackgroundStores(t *testing.T) {
-	b := setup(t, "hybrid-miniredis", func(o *setupOpts) {
-		o.store = func(s idem.Store) idem.Store { return faultyStore{Store: s, err: errors.New("down")} }
-	})
-	r := req("u", newKey(), "x")
-	_, out, _ := b.guard.Do(context.Background(), r, (&counter{resp: created("x")}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
-	done := make(chan struct{})
-	go func() { _ = b.guard.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not stop the background store")
+	if _, lost := s.lost.LoadOrStore(scope+"\x00"+key, true); !lost {
+		return errors.New("read tcp: connection reset by peer")
 	}
-	require.NoError(t, b.guard.Close(), "Close is idempotent")
-	_, out, _ = b.guard.Do(context.Background(), r, nil2xx(t))
-	require.Equal(t, idem.OutcomeInProgress, out, "the lease still holds the key")
+	return nil
+}
+
+// The answer's write commits but its reply is lost: the guard's retry of the
+// write finds its own answer and succeeds. The key is answered at once, not
+// left in progress, and nothing is counted as a double execution.
+func TestLostReplyToCommittedAnswer(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy, func(o *setupOpts) {
+			o.store = func(s idem.Store) idem.Store { return &lostReplyStore{Store: s} }
+		})
+		ctx := context.Background()
+		r := req("u", newKey(), "x")
+		w := &counter{resp: created("once")}
+		_, out, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		resp, out, err := b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out)
+		require.Equal(t, "/orders/once", resp.Header.Get("Location"))
+		require.EqualValues(t, 1, w.n.Load())
+		st := b.guard.Stats()
+		require.Zero(t, st.DoubleExecutions)
+		require.Zero(t, st.Pending)
+		require.Zero(t, st.StoreErrors)
+	})
 }

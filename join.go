@@ -18,11 +18,12 @@ var (
 	// ErrJoinUnsupported: the Guard's store cannot write through a caller's
 	// transaction (it has no WithDB method returning a *durable.Store).
 	ErrJoinUnsupported = errors.New("idem: store cannot join a transaction")
-	// ErrSuperseded: another execution of the same intent stored its answer
-	// first (possible only where exactly-once was already lost: a hybrid
-	// lease that expired or vanished with Redis). Roll back and answer 409:
-	// the client's retry is replayed the stored answer.
-	ErrSuperseded = errors.New("idem: another execution of this intent stored its answer first")
+	// ErrSuperseded: the key no longer takes this execution's answer: its
+	// claim was released, settled or taken over while the work ran (only
+	// work that overran the Guard's MaxHold, or a hand-made release, allows
+	// it), or this execution already committed another answer. Roll back
+	// and answer 409: the client's retry gets the stored answer.
+	ErrSuperseded = errors.New("idem: the key no longer takes this execution's answer")
 )
 
 // joiner is implemented by *durable.Store.
@@ -36,18 +37,21 @@ type joiner interface {
 // those rows, so a crash between "order written" and "answer stored" cannot
 // happen.
 //
-// Call it inside the work (or the guarded HTTP handler), before committing db,
-// and deliver the same resp to the client (WriteResponse does it for HTTP).
-// In the middleware, the response header allowlist applies to what is stored.
-// After the work returns, the guard checks that the answer was committed; if
-// the transaction rolled back, the work's result is handled as if Complete
-// had not been called (a 5xx, for example, leaves the key in progress).
+// Call it inside the work (or the guarded HTTP handler), commit db before the
+// work returns, and deliver the same resp to the client (WriteResponse does
+// it for HTTP). In the middleware, the response header allowlist applies to
+// what is stored. After the work returns, the guard reads the key's row:
 //
-// It works in both strategies: in table mode it completes the claimed row, in
-// hybrid mode it inserts the finished row under the lease. resp must be a
-// storable answer (status 100-499, not 429). Errors: ErrNotGuarded,
-// ErrJoinUnsupported, ErrSuperseded (another execution stored its answer
-// first), durable errors, or db's own error; on error, roll back.
+//   - committed: the key is answered, whatever the work returned; an answer
+//     returned (or written) that differs from the completed one is logged
+//     and counted ("answer_mismatch"), and retries replay the completed one;
+//   - rolled back: the answer is never stored, and the key stays in
+//     progress until it is settled (or is released, after MarkRetrySafe).
+//
+// It works in both strategies: the execution's claimed row is completed,
+// owner-checked, in the caller's transaction. resp must be a storable answer
+// (status 100-499, not 429). Errors: ErrNotGuarded, ErrJoinUnsupported,
+// ErrSuperseded, durable errors, or db's own error; on error, roll back.
 func Complete(ctx context.Context, db durable.DB, resp Response) error {
 	x := executionFrom(ctx)
 	if x == nil {
@@ -64,24 +68,16 @@ func Complete(ctx context.Context, db durable.DB, resp Response) error {
 	if x.stored != nil {
 		a.Header = captureHeaders(resp.Header, x.stored)
 	}
-	s := j.WithDB(db)
-	var err error
-	if x.mode == StrategyHybrid {
-		_, err = s.Insert(ctx, durable.ClaimParams{
-			Scope: x.req.Scope, Key: x.req.Key, Fingerprint: x.req.Fingerprint, Owner: x.owner,
-		}, &a)
-	} else {
-		err = s.Complete(ctx, x.req.Scope, x.req.Key, x.owner, a)
-	}
-	if errors.Is(err, durable.ErrExists) || errors.Is(err, durable.ErrNotOwner) || errors.Is(err, durable.ErrCompleted) {
-		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer stored by another execution of this intent; the work may have run twice",
-			slog.String("key_hash", keyHash(x.req)))
+	err := j.WithDB(db).Complete(ctx, x.req.Scope, x.req.Key, x.owner, a)
+	if errors.Is(err, durable.ErrNotOwner) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrCompleted) {
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the key no longer takes this execution's answer",
+			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 		return fmt.Errorf("idem: complete: %w: %w", ErrSuperseded, err)
 	}
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}
-	x.joined.Store(true)
+	x.joined.Store(&a)
 	return nil
 }
 

@@ -26,9 +26,10 @@ type Stats struct {
 	KeyInvalid       uint64 // middleware: unusable Idempotency-Key refused
 	Settled          uint64 // Guard.Settle calls that stored an answer
 	Fallbacks        uint64 // hybrid requests that fell back to the table claim (Redis unavailable)
-	StoreErrors      uint64 // store calls that failed (claim, read, complete, insert, release)
-	LockLost         uint64 // hybrid leases found expired when released
-	DoubleExecutions uint64 // hybrid rows found already written after the work ran
+	StoreErrors      uint64 // store calls that failed (claim, read, complete, release)
+	DoubleExecutions uint64 // claims found released or taken over while their work ran: the work may have run twice
+	AnswerMismatches uint64 // work that returned an answer other than the one it completed through Complete
+	Overruns         uint64 // work that returned more than a second after its deadline
 	CacheHits        uint64 // answers served by the local cache, without a round trip
 }
 
@@ -47,8 +48,9 @@ const (
 	evSettled
 	evFallback
 	evStoreError
-	evLockLost
 	evDoubleExecution
+	evAnswerMismatch
+	evOverrun
 	evCacheHit
 	numEvents
 )
@@ -57,8 +59,9 @@ var eventNames = [numEvents]string{
 	evExecuted: "executed", evPending: "executed_pending", evReleased: "released",
 	evReplayed: "replayed", evInProgress: "in_progress", evKeyReused: "key_reused",
 	evKeyMissing: "key_missing", evKeyInvalid: "key_invalid", evSettled: "settled",
-	evFallback: "fallback", evStoreError: "store_error", evLockLost: "lock_lost",
-	evDoubleExecution: "double_execution", evCacheHit: "cache_hit",
+	evFallback: "fallback", evStoreError: "store_error",
+	evDoubleExecution: "double_execution", evAnswerMismatch: "answer_mismatch", evOverrun: "overrun",
+	evCacheHit: "cache_hit",
 }
 
 // phase is a timed step of the guard's own work.
@@ -66,8 +69,8 @@ type phase int
 
 const (
 	phaseLock    phase = iota // Redis SET NX
-	phaseClaim                // PostgreSQL claim (table)
-	phaseRead                 // PostgreSQL read (hybrid, after the lock)
+	phaseClaim                // PostgreSQL claim
+	phaseRead                 // PostgreSQL read (hybrid, lease not obtained)
 	phaseStore                // PostgreSQL write of the answer
 	phaseRelease              // Redis lease release
 	numPhases
@@ -152,7 +155,8 @@ func (g *Guard) Stats() Stats {
 		Replayed: c[evReplayed].Load(), InProgress: c[evInProgress].Load(), KeyReused: c[evKeyReused].Load(),
 		KeyMissing: c[evKeyMissing].Load(), KeyInvalid: c[evKeyInvalid].Load(),
 		Settled: c[evSettled].Load(), Fallbacks: c[evFallback].Load(), StoreErrors: c[evStoreError].Load(),
-		LockLost: c[evLockLost].Load(), DoubleExecutions: c[evDoubleExecution].Load(), CacheHits: c[evCacheHit].Load(),
+		DoubleExecutions: c[evDoubleExecution].Load(), AnswerMismatches: c[evAnswerMismatch].Load(),
+		Overruns: c[evOverrun].Load(), CacheHits: c[evCacheHit].Load(),
 	}
 }
 

@@ -101,17 +101,17 @@ var paths = []path{
 	}},
 	{"in_progress", idem.OutcomeInProgress, func(tb testing.TB, r *rig) func(int) idem.Request {
 		req := request("in-progress")
+		// Another instance runs the work: it holds the claim and, in
+		// hybrid mode, the lease.
 		if r.locker != nil {
-			// Hybrid: another instance holds the lease and runs the work.
 			if _, err := r.locker.Obtain(tb.Context(), req.Scope, req.Key); err != nil {
 				tb.Fatal(err)
 			}
-		} else {
-			_, _, err := r.store.Claim(tb.Context(), durable.ClaimParams{
-				Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: durable.Token{1}})
-			if err != nil {
-				tb.Fatal(err)
-			}
+		}
+		_, _, err := r.store.Claim(tb.Context(), durable.ClaimParams{
+			Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: durable.Token{1}})
+		if err != nil {
+			tb.Fatal(err)
 		}
 		return func(int) idem.Request { return req }
 	}},

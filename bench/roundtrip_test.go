@@ -22,10 +22,10 @@ func TestRoundTrips(t *testing.T) {
 			"missing_key":     {0, 0},
 		},
 		target.Hybrid: {
-			"first_execution": {2, 2}, // SET NX, get, insert, release script
-			"replay":          {1, 2}, // SET NX, get, release script
-			"in_progress":     {1, 1}, // SET NX fails, get finds no row
-			"key_reused":      {1, 2},
+			"first_execution": {2, 1}, // SET NX, claim, complete; the lease is kept until its TTL
+			"replay":          {1, 1}, // SET NX refused (the lease of the first execution), get
+			"in_progress":     {1, 1}, // SET NX refused, get finds the running row
+			"key_reused":      {1, 1},
 			"missing_key":     {0, 0},
 		},
 	}

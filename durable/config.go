@@ -48,7 +48,7 @@ type Config struct {
 
 	// Retention is how long a key lives, measured on the database clock
 	// from the row's created_at. An expired row is invisible to every call
-	// and is taken over by the next Claim or Insert of its key, even before
+	// and is taken over by the next Claim of its key, even before
 	// Sweep deletes it. It is passed to SQL in whole microseconds.
 	//
 	// Defaults to 24h.

@@ -27,7 +27,7 @@
 //
 // A key lives for Config.Retention (24h by default) from its created_at. An
 // expired row is invisible: [Store.Get] reports ErrNotFound, and the next
-// [Store.Claim] or [Store.Insert] of its key takes the row over in place (new
+// [Store.Claim] of its key takes the row over in place (new
 // fingerprint, new owner, no answer, new created_at) as a new intent, whether
 // or not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
 //
@@ -38,8 +38,8 @@
 // INSERT ... ON CONFLICT DO NOTHING (and an UPDATE that takes over an expired
 // row) in the same statement that returns the existing row to the losers. A
 // lost claim (a replay, a retry in progress, a reused key) locks and writes
-// nothing: it costs what a SELECT costs; Complete, Settle, Release and ReleaseInProgress are one
-// guarded UPDATE or DELETE. The exceptions, each documented on its method,
+// nothing: it costs what a SELECT costs; Complete, Settle, Release and
+// ReleaseInProgress are one guarded UPDATE or DELETE. The exceptions, each documented on its method,
 // are a Claim that races with another claimer (one more statement), the
 // failure paths of the guarded writes (one more statement to tell ErrNotFound,
 // ErrNotOwner and ErrCompleted apart), and Sweep, which repeats batches.
@@ -50,7 +50,7 @@
 // pgx.Tx both satisfy. [Store.WithDB] binds a copy of a Store to a caller's
 // transaction, so that storing the answer commits or rolls back together with
 // the caller's own writes. No call raises a unique violation, so a lost
-// Insert leaves the transaction usable.
+// Claim or Complete leaves the transaction usable.
 //
 // # Errors
 //

@@ -126,30 +126,22 @@ func TestPostpone(t *testing.T) {
 // row does not inherit the backoff of the old one.
 func TestTakeoverResetsReconcileState(t *testing.T) {
 	b := setup(t, nil)
-	for _, insert := range []bool{false, true} {
-		old := params(t, "user-1", "key-1", "a")
-		b.claim(t, old)
-		require.NoError(t, b.store.Postpone(b.ctx, old.Scope, old.Key, old.Owner, 7, 48*time.Hour))
-		b.age(t, old.Scope, old.Key, "25 hours")
+	old := params(t, "user-1", "key-1", "a")
+	b.claim(t, old)
+	require.NoError(t, b.store.Postpone(b.ctx, old.Scope, old.Key, old.Owner, 7, 48*time.Hour))
+	b.age(t, old.Scope, old.Key, "25 hours")
 
-		next := params(t, "user-1", "key-1", "b")
-		if insert {
-			_, err := b.store.Insert(b.ctx, next, nil)
-			require.NoError(t, err)
-		} else {
-			b.claim(t, next)
-		}
-		attempts, after, _ := b.reconcileState(t, next.Scope, next.Key)
-		require.Zero(t, attempts, "insert=%v", insert)
-		require.Nil(t, after, "insert=%v", insert)
+	next := params(t, "user-1", "key-1", "b")
+	b.claim(t, next)
+	attempts, after, _ := b.reconcileState(t, next.Scope, next.Key)
+	require.Zero(t, attempts)
+	require.Nil(t, after)
 
-		b.age(t, next.Scope, next.Key, "2 minutes")
-		recs, err := b.store.ListDue(b.ctx, time.Minute, 10)
-		require.NoError(t, err)
-		require.Equal(t, []string{"key-1"}, dueKeys(t, recs))
-		require.Equal(t, next.Owner, recs[0].Owner)
-		require.NoError(t, b.store.ReleaseInProgress(b.ctx, next.Scope, next.Key))
-	}
+	b.age(t, next.Scope, next.Key, "2 minutes")
+	recs, err := b.store.ListDue(b.ctx, time.Minute, 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"key-1"}, dueKeys(t, recs))
+	require.Equal(t, next.Owner, recs[0].Owner)
 }
 
 // TestMigration0002AsIs applies the reconcile columns the way golang-migrate

@@ -10,7 +10,7 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
 type statements struct {
-	claim, get, insert                  string
+	claim, get                          string
 	complete, settle                    string
 	release, releaseInProgress          string
 	inspect, listInProgress, sweepBatch string
@@ -77,29 +77,6 @@ WHERE user_id = $1 AND key = $2 AND created_at >= now() - $5::bigint * interval 
 		get: r.Replace(`
 SELECT {cols} FROM {t}
 WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
-
-		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 status (NULL for
-		// an in-progress row), $6 headers, $7 body, $8 retention. No row
-		// back means a live row was already there. Only the timestamps come
-		// back: the rest of the row is what the caller just sent, so it is
-		// not decoded again.
-		insert: r.Replace(`
-INSERT INTO {t} AS t (user_id, key, request_hash, owner_token,
-	response_status, response_headers, response_body, completed_at)
-VALUES ($1, $2, $3, $4, $5::smallint, $6::jsonb, $7::bytea,
-	CASE WHEN $5::smallint IS NULL THEN NULL ELSE now() END)
-ON CONFLICT (user_id, key) DO UPDATE SET
-	request_hash     = excluded.request_hash,
-	owner_token      = excluded.owner_token,
-	response_status  = excluded.response_status,
-	response_headers = excluded.response_headers,
-	response_body    = excluded.response_body,
-	created_at       = now(),
-	completed_at     = excluded.completed_at,
-	reconcile_attempts = 0,
-	reconcile_after    = NULL
-WHERE t.created_at < now() - $8::bigint * interval '1 microsecond'
-RETURNING created_at, completed_at`),
 
 		// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body,
 		// $7 retention.

@@ -159,57 +159,16 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) 
 	return rec, nil
 }
 
-// Insert writes a row in one statement: a finished row (completed_at = now())
-// when a is not nil, an in-progress row when it is nil. Like Claim, it takes
-// over an expired row. When a live row is already there it writes nothing and
-// returns an error that wraps ErrExists.
-//
-// Insert never raises a unique violation, so an ErrExists leaves a caller's
-// transaction usable. Bad arguments (see [ClaimParams], a status outside
-// 100..599) are refused with ErrInvalid before any round trip.
-func (s *Store) Insert(ctx context.Context, p ClaimParams, a *Answer) (Record, error) {
-	const op = "insert"
-	if err := p.check(op); err != nil {
-		return Record{}, err
-	}
-	var status, headers, body any // NULL: in progress
-	if a != nil {
-		st, h, b, err := encodeAnswer(op, *a)
-		if err != nil {
-			return Record{}, err
-		}
-		status, headers, body = st, h, b
-	}
-	rec := Record{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Owner: p.Owner}
-	var completed *time.Time
-	err := s.db.QueryRow(ctx, s.sql.insert,
-		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], status, headers, body, s.retention).Scan(&rec.CreatedAt, &completed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Record{}, &opError{op: op, kind: ErrExists}
-	}
-	if err != nil {
-		return Record{}, translate(op, err)
-	}
-	if a != nil {
-		// The row as written, without decoding it back: nil header and body
-		// read back as empty, as from Get.
-		w := Answer{Status: a.Status, Header: a.Header.Clone(), Body: append([]byte{}, a.Body...)}
-		if w.Header == nil {
-			w.Header = http.Header{}
-		}
-		rec.Answer = &w
-	}
-	if completed != nil {
-		rec.CompletedAt = *completed
-	}
-	return rec, nil
-}
-
 // Complete stores the answer of the in-progress row that owner claimed and
 // sets its completed_at to now(). It is one statement when it succeeds. When
 // nothing was updated, one more statement tells why: ErrNotFound (no live
 // row), ErrNotOwner (the row belongs to another owner, finished or not) or
-// ErrCompleted (the owner's row already has an answer).
+// ErrCompleted (the owner's row already has another answer).
+//
+// Complete is idempotent for its owner: when the owner's row already holds
+// the same answer (status, headers and body), as after a Complete whose
+// commit went through but whose reply was lost, it returns nil. So a caller
+// may retry a Complete that failed for an unknown reason.
 func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a Answer) error {
 	const op = "complete"
 	if err := checkKey(op, scope, key); err != nil {
@@ -226,7 +185,14 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 	if tag.RowsAffected() > 0 {
 		return nil
 	}
-	return s.why(ctx, op, scope, key, &owner)
+	err = s.why(ctx, op, scope, key, &owner)
+	if errors.Is(err, ErrCompleted) {
+		rec, gerr := s.get(ctx, op, scope, key)
+		if gerr == nil && rec.Owner == owner && rec.Answer != nil && rec.Answer.Equal(a) {
+			return nil
+		}
+	}
+	return err
 }
 
 // Settle stores the answer of an in-progress row whoever owns it, for a

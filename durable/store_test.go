@@ -214,77 +214,50 @@ func TestGet(t *testing.T) {
 	require.Equal(t, 1, b.count(t))
 }
 
-func TestInsert(t *testing.T) {
-	answer := durable.Answer{Status: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+// TestCompleteRetryAfterLostReply: a Complete that committed but whose reply
+// was lost is retried by its owner; the retry finds its own answer and
+// succeeds, while another answer, or another owner, is still refused.
+func TestCompleteRetryAfterLostReply(t *testing.T) {
+	b := setup(t, nil)
+	answer := durable.Answer{Status: 201, Header: http.Header{"Location": {"/orders/1"}, "X-Empty": {}}, Body: []byte(`{"id":1}`)}
+	p := params(t, "user-1", "key-1", "a")
+	b.claim(t, p)
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
 
-	t.Run("finished row", func(t *testing.T) {
-		b := setup(t, nil)
-		p := params(t, "user-1", "key-1", "a")
-		rec, err := b.store.Insert(b.ctx, p, &answer)
-		require.NoError(t, err)
-		require.Equal(t, p.Fingerprint, rec.Fingerprint)
-		require.Equal(t, p.Owner, rec.Owner)
-		require.Equal(t, answer, *rec.Answer)
-		require.False(t, rec.CompletedAt.IsZero())
+	same := answer
+	same.Header = http.Header{"Location": {"/orders/1"}} // an empty list is stored as none
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, same))
 
-		got, err := b.store.Get(b.ctx, p.Scope, p.Key)
-		require.NoError(t, err)
-		require.Equal(t, rec, got)
-	})
+	other := answer
+	other.Body = []byte(`{"id":2}`)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
+	other = answer
+	other.Header = http.Header{"Location": {"/orders/2"}}
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, token(t), answer), durable.ErrNotOwner)
 
-	t.Run("finished row with nil header and body", func(t *testing.T) {
-		b := setup(t, nil)
-		rec, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "a"), &durable.Answer{Status: 204})
-		require.NoError(t, err)
-		require.Equal(t, durable.Answer{Status: 204, Header: http.Header{}, Body: []byte{}}, *rec.Answer)
-	})
+	rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.True(t, rec.Answer.Equal(answer))
+}
 
-	t.Run("in-progress row", func(t *testing.T) {
-		b := setup(t, nil)
-		p := params(t, "user-1", "key-1", "a")
-		rec, err := b.store.Insert(b.ctx, p, nil)
-		require.NoError(t, err)
-		require.True(t, rec.InProgress())
-		require.True(t, rec.CompletedAt.IsZero())
-		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
-	})
-
-	t.Run("live row exists", func(t *testing.T) {
-		b := setup(t, nil)
-		first := b.claim(t, params(t, "user-1", "key-1", "a"))
-
-		_, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "b"), &answer)
-		require.ErrorIs(t, err, durable.ErrExists)
-		_, err = b.store.Insert(b.ctx, params(t, "user-1", "key-1", "b"), nil)
-		require.ErrorIs(t, err, durable.ErrExists)
-
-		rec, err := b.store.Get(b.ctx, "user-1", "key-1")
-		require.NoError(t, err)
-		require.Equal(t, first, rec, "nothing written")
-	})
-
-	t.Run("takes over an expired row", func(t *testing.T) {
-		b := setup(t, nil)
-		b.claim(t, params(t, "user-1", "key-1", "a"))
-		b.age(t, "user-1", "key-1", "25 hours")
-
-		p := params(t, "user-1", "key-1", "b")
-		rec, err := b.store.Insert(b.ctx, p, &answer)
-		require.NoError(t, err)
-		require.Equal(t, p.Owner, rec.Owner)
-		require.Equal(t, answer, *rec.Answer)
-		require.WithinDuration(t, time.Now(), rec.CreatedAt, time.Hour)
-		require.Equal(t, 1, b.count(t))
-	})
-
-	t.Run("bad status", func(t *testing.T) {
-		b := setup(t, nil)
-		for _, status := range []int{0, 99, 600, 70000, -1} {
-			_, err := b.store.Insert(b.ctx, params(t, "user-1", "key-1", "a"), &durable.Answer{Status: status})
-			require.ErrorIs(t, err, durable.ErrInvalid, status)
-		}
-		require.Equal(t, 0, b.count(t))
-	})
+func TestAnswerEqual(t *testing.T) {
+	a := durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}}, Body: []byte("x")}
+	for _, c := range []struct {
+		b    durable.Answer
+		want bool
+	}{
+		{a, true},
+		{durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": nil}, Body: []byte("x")}, true},
+		{durable.Answer{Status: 201, Header: a.Header, Body: a.Body}, false},
+		{durable.Answer{Status: 200, Header: http.Header{"A": {"2", "1"}}, Body: a.Body}, false},
+		{durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": {"3"}}, Body: a.Body}, false},
+		{durable.Answer{Status: 200, Header: a.Header}, false},
+	} {
+		require.Equal(t, c.want, a.Equal(c.b), "%v", c.b)
+		require.Equal(t, c.want, c.b.Equal(a), "symmetric: %v", c.b)
+	}
+	require.True(t, durable.Answer{Status: 204}.Equal(durable.Answer{Status: 204, Header: http.Header{}, Body: []byte{}}))
 }
 
 func TestComplete(t *testing.T) {
@@ -398,7 +371,10 @@ func TestSettle(t *testing.T) {
 
 	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, p.Key, answer), durable.ErrCompleted)
 	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, "missing", answer), durable.ErrNotFound)
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer), durable.ErrCompleted)
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer), "the owner finds the same answer: nothing to do")
+	other := answer
+	other.Status = 201
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
 }
 
 func TestRelease(t *testing.T) {
@@ -540,28 +516,6 @@ func TestWithDB(t *testing.T) {
 	}
 }
 
-// TestInsertExistsInTx checks that a lost Insert does not abort the caller's
-// transaction.
-func TestInsertExistsInTx(t *testing.T) {
-	b := setup(t, nil)
-	b.claim(t, params(t, "user-1", "key-1", "a"))
-
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
-	txStore := b.store.WithDB(tx)
-
-	_, err = txStore.Insert(b.ctx, params(t, "user-1", "key-1", "b"), &durable.Answer{Status: 200})
-	require.ErrorIs(t, err, durable.ErrExists)
-
-	_, err = tx.Exec(b.ctx, "SELECT 1")
-	require.NoError(t, err, "the transaction is still usable")
-	_, err = txStore.Insert(b.ctx, params(t, "user-1", "key-2", "b"), &durable.Answer{Status: 200})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(b.ctx))
-	require.Equal(t, 2, b.count(t))
-}
-
 func TestInvalidText(t *testing.T) {
 	b := setup(t, nil)
 	owner := token(t)
@@ -569,10 +523,6 @@ func TestInvalidText(t *testing.T) {
 	calls := map[string]func(scope, key string) error{
 		"claim": func(scope, key string) error {
 			_, _, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner})
-			return err
-		},
-		"insert": func(scope, key string) error {
-			_, err := b.store.Insert(b.ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner}, nil)
 			return err
 		},
 		"get": func(scope, key string) error {

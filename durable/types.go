@@ -1,9 +1,11 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +45,26 @@ type Answer struct {
 	Body   []byte
 }
 
+// Equal reports whether a and b replay the same: same status, same body,
+// and the same values for every header (a nil and an empty Header, Body or
+// value list are the same, as they are once stored).
+func (a Answer) Equal(b Answer) bool {
+	if a.Status != b.Status || !bytes.Equal(a.Body, b.Body) {
+		return false
+	}
+	return sameHeaders(a.Header, b.Header) && sameHeaders(b.Header, a.Header)
+}
+
+// sameHeaders reports whether every non-empty value list of a is in b.
+func sameHeaders(a, b http.Header) bool {
+	for k, v := range a {
+		if len(v) > 0 && !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
+
 // Record is one row of the idempotency table.
 type Record struct {
 	Scope       string
@@ -68,7 +90,9 @@ var (
 	// ErrCompleted: the live row for that scope and key already has an
 	// answer, so it can no longer be completed, settled or released.
 	ErrCompleted = errors.New("durable: row already has an answer")
-	// ErrExists: an insert found a live row for that scope and key.
+	// ErrExists: a write hit the unique constraint on (user_id, key). The
+	// Store's own statements never raise it; it comes from a caller's SQL
+	// through a shared transaction.
 	ErrExists = errors.New("durable: row exists")
 	// ErrInvalid: the database refused an argument (e.g. a NUL byte in a
 	// text column, an out-of-range status). Nothing was written.

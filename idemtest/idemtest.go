@@ -260,19 +260,6 @@ var storeCases = []struct {
 		}
 	}},
 
-	{"expiry/insert takes over an expired row", func(t *testing.T, x *suite) {
-		old := params(t, "user-1", "key-1", "old")
-		x.claim(t, old)
-		require.NoError(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()))
-		x.expire(t, old.Scope, old.Key)
-		next := params(t, "user-1", "key-1", "new")
-		want := durable.Answer{Status: 402, Body: []byte("declined")}
-		rec, err := x.s.Insert(x.ctx, next, &want)
-		require.NoError(t, err)
-		require.Equal(t, next.Fingerprint, rec.Fingerprint)
-		requireAnswer(t, want, x.get(t, next.Scope, next.Key))
-	}},
-
 	{"complete/only the owner completes, once", func(t *testing.T, x *suite) {
 		p := params(t, "user-1", "key-1", "a")
 		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
@@ -282,8 +269,10 @@ var storeCases = []struct {
 		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
 		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
 
+		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()),
+			"the same answer again by its owner: a retry whose first reply was lost")
 		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200})
-		require.ErrorIs(t, err, durable.ErrCompleted)
+		require.ErrorIs(t, err, durable.ErrCompleted, "another answer by the owner")
 		err = x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), durable.Answer{Status: 200})
 		require.Error(t, err)
 		require.True(t, errorIsAny(err, durable.ErrNotOwner, durable.ErrCompleted), "got %v", err)
@@ -339,31 +328,6 @@ var storeCases = []struct {
 		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
 	}},
 
-	{"insert/writes an in-progress or a finished row, never over a live one", func(t *testing.T, x *suite) {
-		p := params(t, "user-1", "key-1", "a")
-		rec, err := x.s.Insert(x.ctx, p, nil)
-		require.NoError(t, err)
-		require.True(t, rec.InProgress())
-		require.Equal(t, p.Owner, rec.Owner)
-		require.True(t, x.get(t, p.Scope, p.Key).InProgress())
-
-		_, err = x.s.Insert(x.ctx, params(t, "user-1", "key-1", "b"), &durable.Answer{Status: 200})
-		require.ErrorIs(t, err, durable.ErrExists)
-		rec = x.get(t, p.Scope, p.Key)
-		require.True(t, rec.InProgress(), "unchanged")
-		require.Equal(t, p.Fingerprint, rec.Fingerprint)
-
-		q := params(t, "user-1", "key-2", "a")
-		a := answer()
-		rec, err = x.s.Insert(x.ctx, q, &a)
-		require.NoError(t, err)
-		requireAnswer(t, answer(), rec)
-		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
-		_, err = x.s.Insert(x.ctx, params(t, "user-1", "key-2", "b"), nil)
-		require.ErrorIs(t, err, durable.ErrExists)
-		x.lose(t, params(t, "user-1", "key-2", "a"))
-	}},
-
 	{"get/not found", func(t *testing.T, x *suite) {
 		x.notFound(t, "user-1", "key-1")
 		x.claim(t, params(t, "user-1", "key-1", "a"))
@@ -380,19 +344,15 @@ var storeCases = []struct {
 			{Status: 499, Body: bytes.Repeat([]byte{0, 1, 2, 0xfe, 0xff}, 20000)}, // 100 KB of binary
 		}
 		for i, want := range answers {
-			// Through Complete, Settle and Insert, read back by Get and by
-			// a losing Claim.
+			// Through Complete and Settle, read back by Get and by a
+			// losing Claim.
 			c := params(t, "user-1", "complete-"+string(rune('a'+i)), "a")
 			x.claim(t, c)
 			require.NoError(t, x.s.Complete(x.ctx, c.Scope, c.Key, c.Owner, want))
 			s := params(t, "user-1", "settle-"+string(rune('a'+i)), "a")
 			x.claim(t, s)
 			require.NoError(t, x.s.Settle(x.ctx, s.Scope, s.Key, want))
-			n := params(t, "user-1", "insert-"+string(rune('a'+i)), "a")
-			w := want
-			_, err := x.s.Insert(x.ctx, n, &w)
-			require.NoError(t, err)
-			for _, p := range []durable.ClaimParams{c, s, n} {
+			for _, p := range []durable.ClaimParams{c, s} {
 				requireAnswer(t, want, x.get(t, p.Scope, p.Key))
 				retry := p
 				retry.Owner = newToken(t)

@@ -20,7 +20,7 @@ func ExampleLocker_Obtain() {
 		log.Fatal(err)
 	}
 	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 	defer rdb.Close()
 
 	locker, err := lock.New(rdb, nil) // prefix "idem:", TTL 30s

@@ -16,8 +16,10 @@
 // Sentinel and miniredis all work unchanged.
 //
 // A lease is not a guarantee of mutual exclusion on its own: it expires after
-// its TTL whether or not the holder is done. idem never relies on it alone; the
-// answer is stored in PostgreSQL and read under the lease.
+// its TTL whether or not the holder is done, and Redis can lose it (failover,
+// restart, eviction). idem never relies on it alone: the request that holds
+// the lease still claims its durable row in PostgreSQL, and that claim
+// decides who runs.
 package lock
 
 import (
@@ -68,8 +70,10 @@ type Config struct {
 	// SET NX EX. Defaults to 30s.
 	TTL time.Duration
 	// Timeout bounds each Redis call when the caller's context has no earlier
-	// deadline, so that a stalled Redis is reported as ErrUnavailable quickly
-	// rather than holding a request. Defaults to 500ms.
+	// deadline, so that a stalled Redis (or a client whose pool is
+	// exhausted) is reported as ErrUnavailable quickly rather than holding
+	// a request. The client must honour context deadlines (see New).
+	// Defaults to 500ms.
 	Timeout time.Duration
 }
 
@@ -120,9 +124,20 @@ type Locker struct {
 
 // New returns a Locker over client. A nil cfg gives every default. It does not
 // contact Redis.
+//
+// go-redis ignores a context's deadline unless the client's options set
+// ContextTimeoutEnabled, and Config.Timeout is such a deadline: New refuses a
+// *redis.Client or *redis.ClusterClient without it, rather than let a stalled
+// Redis hold requests for the client's ReadTimeout. The other settings the
+// lock wants, which New cannot check: MaxRetries -1 (a SET NX retried after a
+// lost reply finds its own lease and reports it taken) and a DialTimeout
+// shorter than Config.Timeout.
 func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	if client == nil {
 		return nil, errors.New("lock: nil redis client")
+	}
+	if !honoursDeadlines(client) {
+		return nil, errors.New("lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout")
 	}
 	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
@@ -174,6 +189,18 @@ func (l *Locker) Obtain(ctx context.Context, scope, key string) (*Lease, error) 
 		return nil, ErrNotObtained
 	}
 	return lease, nil
+}
+
+// honoursDeadlines reports whether client applies context deadlines to its
+// network calls, for the client types whose options can be read.
+func honoursDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
 }
 
 // callCtx bounds one Redis call by the Locker's Timeout.

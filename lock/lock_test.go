@@ -31,7 +31,7 @@ var backends = []backend{
 	}},
 	{"miniredis", func(t *testing.T) (redis.UniversalClient, *lock.Config) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
 		return c, nil
 	}},
@@ -124,7 +124,7 @@ func TestObtainRace(t *testing.T) {
 // A lease that expired cannot release or refresh the key a new holder took.
 func TestExpiredLeaseCannotTouchNewHolder(t *testing.T) {
 	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 	defer c.Close()
 	ctx := context.Background()
 	l, err := lock.New(c, &lock.Config{TTL: 10 * time.Second})
@@ -155,7 +155,7 @@ func TestUnavailable(t *testing.T) {
 	ctx := context.Background()
 	t.Run("error reply", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 		defer c.Close()
 		l, err := lock.New(c, nil)
 		require.NoError(t, err)
@@ -173,7 +173,7 @@ func TestUnavailable(t *testing.T) {
 	})
 	t.Run("server gone", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr(), MaxRetries: -1})
 		defer c.Close()
 		l, err := lock.New(c, &lock.Config{Timeout: 200 * time.Millisecond})
 		require.NoError(t, err)
@@ -183,7 +183,7 @@ func TestUnavailable(t *testing.T) {
 	})
 	t.Run("caller cancelled", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 		defer c.Close()
 		l, err := lock.New(c, nil)
 		require.NoError(t, err)
@@ -198,7 +198,7 @@ func TestUnavailable(t *testing.T) {
 // Keys that a naive concatenation would merge stay distinct, and every key
 // has exactly one hash tag, so one intent maps to one Cluster slot.
 func TestKeyDerivation(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: "127.0.0.1:0"})
 	t.Cleanup(func() { _ = c.Close() })
 	l, err := lock.New(c, nil)
 	require.NoError(t, err)
@@ -222,7 +222,7 @@ func TestKeyDerivation(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: "127.0.0.1:0"})
 	defer c.Close()
 	for _, tc := range []struct {
 		name  string

@@ -23,14 +23,16 @@
 // A key that changed while the ResolveFunc worked (its request finished, was
 // released, or expired and was claimed anew) is skipped: the decision is
 // about the intent that was listed, and it is applied only to that claim's
-// owner token (Guard.SettleOwned, ReleaseOwned), in the same statement. In the hybrid strategy a process that dies mid-work
-// leaves no row, only a lease that expires, so there is nothing to reconcile:
-// the next retry runs the work.
+// owner token (Guard.SettleOwned, ReleaseOwned), in the same statement. Every
+// execution holds a row in both strategies, so a process that dies mid-work,
+// in either, leaves an in-progress row for the Reconciler: its retries get
+// 409 until the ResolveFunc has said what happened.
 //
 // # Usage
 //
 //	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
-//		charge, found, err := provider.Lookup(ctx, downstreamKey(it))
+//		orderID := idem.DeriveID("ord_", "order", it.Intent) // as the work derived it
+//		charge, found, err := provider.Lookup(ctx, "order-"+orderID)
 //		switch {
 //		case err != nil:
 //			return reconcile.Decision{}, err // unknown: try again later
@@ -42,11 +44,10 @@
 //	if err != nil { ... }
 //	go rec.Run(ctx)
 //
-// WARNING: a key is in progress while its work runs, too (table strategy).
-// [Config.MinAge] must be longer than the longest time a request may hold
-// its key (the Guard's WorkTimeout plus its StoreTimeout), or a running
-// request could be settled or released under its feet. Set a WorkTimeout on
-// a table-strategy Guard: it has none by default.
+// A key is in progress while its work runs, too. [Config.MinAge] must be
+// longer than the longest time a request may hold its key (the Guard's
+// MaxHold), or a running request could be settled or released under its
+// feet: [New] refuses a shorter one.
 package reconcile
 
 import (
@@ -102,6 +103,10 @@ type Item struct {
 	Scope, Key string
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint idem.Fingerprint
+	// Intent is the claim's IntentID, the one its work saw through
+	// idem.IntentFromContext: derive from it (idem.DeriveID) the names of
+	// what the work created, to look them up.
+	Intent idem.IntentID
 	// CreatedAt is when the key was claimed, on the database clock.
 	CreatedAt time.Time
 	// Attempts is the number of earlier attempts that could not learn the
@@ -130,11 +135,9 @@ type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 type Guard interface {
 	SettleOwned(ctx context.Context, scope, key string, owner durable.Token, resp idem.Response) error
 	ReleaseOwned(ctx context.Context, scope, key string, owner durable.Token) error
+	// MaxHold is the longest a running request keeps its key in progress.
+	MaxHold() time.Duration
 }
-
-// maxHolder is implemented by *idem.Guard: the longest a request may keep
-// its key in progress while running.
-type maxHolder interface{ MaxHold() time.Duration }
 
 // Store is what a Reconciler needs from the durable store, besides the
 // Guard's calls. *durable.Store satisfies it: pass the store the Guard uses.
@@ -169,9 +172,9 @@ type Config struct {
 	// next. Defaults to 30s.
 	Interval time.Duration
 	// MinAge is how long a key must have been in progress before it is
-	// reconciled. It must be longer than the longest a request may hold its
-	// key: the Guard's WorkTimeout plus its StoreTimeout (see the package
-	// WARNING). Defaults to 1m.
+	// reconciled. It must be longer than the Guard's MaxHold, the longest a
+	// running request holds its key. Defaults to 1m (the Guard's default
+	// MaxHold is 46.5s).
 	MinAge time.Duration
 	// BatchSize is the number of keys listed per statement. A run handles
 	// batches until no due key is left or ctx ends. Defaults to 100.
@@ -288,13 +291,11 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 	if c.BackoffMax < c.BackoffBase {
 		return nil, fmt.Errorf("reconcile: Config.BackoffMax %v: must not be shorter than Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}
-	if mh, ok := guard.(maxHolder); ok {
-		switch hold := mh.MaxHold(); {
-		case hold > 0 && c.MinAge <= hold:
-			return nil, fmt.Errorf("reconcile: Config.MinAge %v: must be longer than the Guard's MaxHold %v (WorkTimeout + StoreTimeout), or running requests could be settled under their feet", c.MinAge, hold)
-		case hold == 0:
-			c.Logger.Warn("idem: reconcile: the Guard has no WorkTimeout, so nothing bounds how long a running request holds its key; make sure Config.MinAge is longer than any request", "min_age", c.MinAge)
-		}
+	switch hold := guard.MaxHold(); {
+	case hold <= 0:
+		return nil, fmt.Errorf("reconcile: the Guard's MaxHold %v bounds nothing: running requests could be settled under their feet", hold)
+	case c.MinAge <= hold:
+		return nil, fmt.Errorf("reconcile: Config.MinAge %v: must be longer than the Guard's MaxHold %v, or running requests could be settled under their feet", c.MinAge, hold)
 	}
 	return &Reconciler{
 		guard:   guard,
@@ -387,7 +388,8 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 
 // handle resolves one key and applies the decision, counting it in res.
 func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Result) {
-	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
+	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
+		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
 	dec, err := r.call(ctx, it)
 	if err == nil {

@@ -45,7 +45,7 @@ func setup(t *testing.T, strategy string) *bundle {
 	case "table":
 	case "hybrid-miniredis":
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		l, err := lock.New(c, nil)
 		require.NoError(t, err)
@@ -605,6 +605,11 @@ func TestStopDuringResolve(t *testing.T) {
 	require.Zero(t, wait)
 }
 
+// unbounded is a Guard that cannot say how long its requests hold a key.
+type unbounded struct{ *idem.Guard }
+
+func (unbounded) MaxHold() time.Duration { return 0 }
+
 func TestNewValidation(t *testing.T) {
 	t.Parallel()
 	store, err := durable.New(nopDB{}, nil)
@@ -631,11 +636,13 @@ func TestNewValidation(t *testing.T) {
 	// MinAge must exceed how long a running request may hold its key.
 	bounded, err := idem.New(store, &idem.Config{WorkTimeout: time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, time.Minute+5*time.Second, bounded.MaxHold())
+	require.Equal(t, time.Minute+time.Second+5*5*time.Second+500*time.Millisecond, bounded.MaxHold())
 	_, err = reconcile.New(bounded, store, pool, resolve, nil) // default MinAge 1m
 	require.ErrorContains(t, err, "Config.MinAge")
 	_, err = reconcile.New(bounded, store, pool, resolve, &reconcile.Config{MinAge: 2 * time.Minute})
 	require.NoError(t, err)
+	_, err = reconcile.New(unbounded{g}, store, pool, resolve, &reconcile.Config{MinAge: time.Hour})
+	require.ErrorContains(t, err, "bounds nothing", "a guard that cannot bound its requests is refused")
 
 	_, err = reconcile.New(nil, store, pool, resolve, nil)
 	require.Error(t, err)

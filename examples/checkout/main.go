@@ -26,7 +26,10 @@
 //	POST /orders          Authorization: Bearer <user-id>, Idempotency-Key,
 //	                      {"hold_ids": [88211, 88212], "payment_method": "pm_..."}
 //	GET  /orders/{id}     the order, to its owner
-//	GET  /payrail/charges {"count": N}: charges the fake provider has performed
+//	GET  /payrail/charges {"count": N, "attempts": M}: charges the fake provider
+//	                      has performed, and charge calls it has received (replays
+//	                      and refusals included); its state is kept in PostgreSQL
+//	                      (tables payrail_*), shared by instances on one database
 //
 // payment_method pm_declined answers 402 (stored and replayed); pm_timeout
 // charges but answers 504, which leaves the key in progress: retries get 409
@@ -72,10 +75,6 @@ const (
 	// problemBase prefixes the type URI of every problem the service sends.
 	problemBase = "https://stagedoor.example/problems/"
 
-	// workTimeout bounds a request's work in table mode (the hybrid's
-	// default, 24s, ends before its Redis lease); the reconciler leaves keys
-	// younger than that (plus the store timeout) alone.
-	workTimeout = 20 * time.Second
 	// shutdownTimeout bounds how long in-flight requests may finish at
 	// shutdown.
 	shutdownTimeout = 15 * time.Second
@@ -132,12 +131,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.addr, "addr", defaultAddr, "listen `HOST:PORT` (port 0 picks a free port)")
 	fs.StringVar(&strategy, "strategy", string(idem.StrategyHybrid), "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
 	fs.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "PostgreSQL connection `URL` ($DATABASE_URL)")
-	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency table (default: the connection's current schema)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency, orders and payrail_* tables (default: the connection's current schema)")
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
 	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
-	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept")
+	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept (longer than the guard's MaxHold, 46.5s)")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-every", 10*time.Second, "how often the reconciler looks for keys a 5xx left in progress")
-	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the work timeout + 5s)")
+	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the guard's MaxHold, 46.5s)")
 	fs.DurationVar(&c.sweepEvery, "sweep-every", durable.DefaultSweepInterval, "how often expired keys are deleted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -234,14 +233,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	// Redis, for the hybrid strategy only.
 	// DetachWork: a client that hangs up must not cancel a charge under way
 	// and turn it into an unknown outcome; the work keeps the guard's
-	// deadline, and its answer is stored and replayed to the client's retry.
+	// deadline (WorkTimeout, 20s by default), and its answer is stored and
+	// replayed to the client's retry.
 	gcfg := &idem.Config{Logger: log, DetachWork: true}
-	if cfg.strategy == idem.StrategyTable {
-		gcfg.WorkTimeout = workTimeout
-	}
+	// Redis, for the hybrid strategy only.
 	redisDesc := "unused"
 	if cfg.strategy == idem.StrategyHybrid {
 		addr := cfg.redisAddr
@@ -265,6 +262,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			// call means.
 			MaxRetries:    -1,
 			DialerRetries: 1,
+			// The lock bounds each call with a deadline (500ms); go-redis
+			// honours it only with this set.
+			ContextTimeoutEnabled: true,
 		})
 		defer func() { _ = rdb.Close() }()
 		rctx, cancel := context.WithTimeout(ctx, connectTimeout)
@@ -283,15 +283,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	guard, err := idem.New(store, gcfg)
 	if err != nil {
-		return err
+		// A -ttl not longer than the guard's MaxHold, say.
+		fmt.Fprintf(stderr, "checkout: %v\n", err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	defer func() { _ = guard.Close() }() // stops background writes of answers whose write failed
 
 	orders, err := newOrderStore(ctx, pool, cfg.schema)
 	if err != nil {
 		return err
 	}
-	payrail := NewPayrail(cfg.work)
+	payrail, err := NewPayrail(ctx, pool, cfg.schema, cfg.work)
+	if err != nil {
+		return err
+	}
 	c := &checkout{payrail: payrail, orders: orders, render: renderProblem, log: log}
 
 	ln, err := net.Listen("tcp", cfg.addr)

@@ -61,9 +61,10 @@ type Order struct {
 }
 
 // orderID is the public id of the order an intent creates. It is derived from
-// the intent (the user and the Idempotency-Key), so every execution of the same
-// intent, and the reconciler, name the same order.
-func orderID(req idem.Request) string { return idem.DeriveID("ord_", "order", req) }
+// the intent's ID (the claim of the Idempotency-Key), so the request and the
+// reconciler name the same order, and a key reused after it expired, a new
+// intent, creates a new order and a new charge.
+func orderID(intent idem.IntentID) string { return idem.DeriveID("ord_", "order", intent) }
 
 // paymentKey is the idempotency key the order's charge is sent to the
 // provider with, derived from the order so that every call about this order,
@@ -102,6 +103,7 @@ type createOrderRequest struct {
 func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	req, ok := idem.RequestFromContext(ctx) // the middleware guards this handler
+	intent, _ := idem.IntentFromContext(ctx)
 	if !ok {
 		c.problem(w, r, http.StatusInternalServerError, "not-guarded", "Not guarded", "")
 		return
@@ -112,7 +114,7 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := c.orders.create(ctx, Order{
-		ID:             orderID(req),
+		ID:             orderID(intent),
 		Status:         OrderPendingPayment,
 		HoldIDs:        in.HoldIDs,
 		owner:          req.Scope,
@@ -175,9 +177,9 @@ func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp 
 		return idem.Complete(ctx, tx, resp)
 	})
 	if errors.Is(err, idem.ErrSuperseded) {
-		// Another execution of this intent (possible only while Redis was
-		// lost) recorded the outcome first; it is the answer. The charge was
-		// the same one: its key is derived from the intent.
+		// The key was settled or released while this request ran (it
+		// overran the guard's MaxHold): the stored answer, if any, is the
+		// answer, and the retry gets it.
 		c.problem(w, r, http.StatusConflict, idem.ProblemInProgress, "Request in progress",
 			"Another attempt of this request has completed. Retry with the same Idempotency-Key to get its answer.")
 		return

@@ -3,14 +3,15 @@ package main
 import (
 	"context"
 
-	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/reconcile"
 )
 
 // resolve is the reconciler's question to the world: what really happened to
-// the request that left this key in progress? The key names the intent, the
-// intent names the order (orderID), and the order names its charge at the
-// provider (order-{public_id}), so the answer is one lookup away.
+// the request that left this key in progress? The row names the intent
+// (Item.Intent), the intent names the order (orderID), and the order names its
+// charge at the provider (order-{public_id}), so the answer is one lookup
+// away. The provider keeps its charges whatever happens to this service, so a
+// request killed mid-charge is found too.
 //
 //   - no order: the order row is written before any charge, so nothing was
 //     charged; the key is released and the client's next retry runs.
@@ -20,14 +21,17 @@ import (
 //     with the answer the request would have given, which the next retry
 //     gets (201, or 402 for a decline).
 func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
-	o, found, err := c.orders.get(ctx, orderID(idem.Request{Scope: it.Scope, Key: it.Key}))
+	o, found, err := c.orders.get(ctx, orderID(it.Intent))
 	if err != nil {
 		return reconcile.Decision{}, err // unknown: tried again later
 	}
 	if !found {
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 	}
-	ch, charged := c.payrail.Lookup(o.paymentKey())
+	ch, charged, err := c.payrail.Lookup(ctx, o.paymentKey())
+	if err != nil {
+		return reconcile.Decision{}, err // unknown: tried again later
+	}
 	if !charged {
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 	}

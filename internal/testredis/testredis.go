@@ -11,8 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
+
+// Miniredis returns a client of mr configured as the lock wants a client
+// (context deadlines honoured, no client-side retries), closed at cleanup.
+func Miniredis(tb testing.TB, mr *miniredis.Miniredis) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
 
 // DefaultAddr is used when TEST_REDIS_ADDR is unset.
 const DefaultAddr = "127.0.0.1:6379"
@@ -30,7 +40,7 @@ func Addr() string {
 // with a hint on how to start it.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr()})
+	c := redis.NewClient(&redis.Options{Addr: Addr(), ContextTimeoutEnabled: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {

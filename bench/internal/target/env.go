@@ -78,7 +78,7 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	ro := &redis.Options{Addr: cfg.RedisAddr, PoolSize: cfg.RedisPoolSize}
+	ro := &redis.Options{Addr: cfg.RedisAddr, PoolSize: cfg.RedisPoolSize, ContextTimeoutEnabled: true, MaxRetries: -1}
 	rdb := redis.NewClient(ro)
 	admin := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: 2})
 	if err := admin.Ping(pctx).Err(); err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
@@ -126,14 +125,6 @@ func (t *guardTarget) Do(ctx context.Context, req idem.Request) (string, error) 
 	return out.String(), nil
 }
 
-// luaRelease is the text of lock/release.lua, which package lock does not
-// export.
-const luaRelease = `if redis.call("GET", KEYS[1]) == ARGV[1] then
-	return redis.call("DEL", KEYS[1])
-end
-return 0
-`
-
 // retention is durable.DefaultRetention in microseconds, as the store passes it.
 var retention = durable.DefaultRetention.Microseconds()
 
@@ -146,7 +137,6 @@ type ceiling struct {
 	hybrid  bool
 	work    time.Duration
 	sql     statements
-	release *redis.Script
 	headers []byte
 	prefix  string
 	tokens  atomic.Uint64
@@ -169,7 +159,6 @@ func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
 		hybrid:  strategy == Hybrid,
 		work:    work,
 		sql:     sql,
-		release: redis.NewScript(luaRelease),
 		headers: headers,
 		prefix:  env.Prefix + "ceiling:",
 	}, nil
@@ -269,6 +258,9 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error)
 	return idem.OutcomeExecuted.String(), nil
 }
 
+// doHybrid is the guard's hybrid protocol: SET NX EX; the holder claims the
+// durable row like the table strategy (and keeps the lease until its TTL);
+// a refused SET NX reads the row, and claims when there is none.
 func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error) {
 	key := c.prefix + req.Scope + ":" + req.Key
 	owner := c.token()
@@ -277,30 +269,14 @@ func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error
 	if err != nil {
 		return "", err
 	}
-	r, err := c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
-	switch {
-	case err != nil:
-		return "", err
-	case r.found:
-		if ok {
-			if err := c.release.Run(context.WithoutCancel(ctx), c.env.Redis, []string{key}, token).Err(); err != nil {
-				return "", err
-			}
+	if !ok {
+		r, err := c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
+		switch {
+		case err != nil:
+			return "", err
+		case r.found:
+			return decide(r, req.Fingerprint), nil
 		}
-		return decide(r, req.Fingerprint), nil
-	case !ok:
-		return idem.OutcomeInProgress.String(), nil
 	}
-	if err := sleepWork(ctx, c.work); err != nil {
-		return "", err
-	}
-	bg := context.WithoutCancel(ctx)
-	if _, err := c.queryRow(bg, c.sql.insert, req.Scope, req.Key, req.Fingerprint[:], owner[:],
-		int16(http.StatusCreated), c.headers, answerBody, retention); err != nil {
-		return "", err
-	}
-	if err := c.release.Run(bg, c.env.Redis, []string{key}, token).Err(); err != nil {
-		return "", err
-	}
-	return idem.OutcomeExecuted.String(), nil
+	return c.doTable(ctx, req)
 }

@@ -66,9 +66,9 @@ func TestTargetsAgree(t *testing.T) {
 		require.Equal(t, []string{"executed", "replayed", "key_reused"},
 			[]string{got[0][0].outcome, got[0][1].outcome, got[0][2].outcome})
 		if strategy == Table {
-			require.Equal(t, cost{"executed", 2, 2, 0}, got[0][0]) // insert + update
+			require.Equal(t, cost{"executed", 2, 2, 0}, got[0][0]) // claim (insert) + complete (update)
 		} else {
-			require.Equal(t, cost{"executed", 2, 1, 2}, got[0][0]) // one insert
+			require.Equal(t, cost{"executed", 2, 2, 1}, got[0][0]) // SET NX, then the same claim and complete
 		}
 		require.True(t, env.StatsFlushable())
 	}

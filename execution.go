@@ -1,0 +1,264 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
+)
+
+type executionKey struct{}
+
+func executionFrom(ctx context.Context) *execution {
+	x, _ := ctx.Value(executionKey{}).(*execution)
+	return x
+}
+
+// execution is one run of the work under a claimed durable row. Its owner
+// token is the row's, and the intent's ID.
+type execution struct {
+	g         *Guard
+	req       Request
+	owner     durable.Token
+	createdAt time.Time   // the claimed row's created_at (database clock)
+	claimed   time.Time   // when the claim returned (local clock): the work's deadline counts from here
+	lease     *lock.Lease // hybrid: given back with the key when it is released
+	retrySafe atomic.Bool // MarkRetrySafe was called
+
+	// joined is the answer Complete wrote through the caller's transaction;
+	// whether that transaction committed is checked after the work.
+	joined atomic.Pointer[durable.Answer]
+	stored []string // middleware: the header allowlist, applied by Complete
+
+	// parent is the context the work's context derives from: an execution
+	// is itself the context.Context that carries it (like the standard
+	// library's value contexts), which saves an allocation per request. It
+	// is set by run and lives only as long as the work.
+	parent context.Context
+}
+
+func (x *execution) Deadline() (time.Time, bool) { return x.parent.Deadline() }
+func (x *execution) Done() <-chan struct{}       { return x.parent.Done() }
+func (x *execution) Err() error                  { return x.parent.Err() }
+func (x *execution) Value(k any) any {
+	if _, ok := k.(executionKey); ok {
+		return x
+	}
+	return x.parent.Value(k)
+}
+
+type disp int
+
+const (
+	dispStore   disp = iota // a final answer: store it
+	dispPending             // unknown: leave the key in progress
+	dispRelease             // nothing happened: release the key
+)
+
+func disposition(resp Response, err error) disp {
+	switch {
+	case errors.Is(err, ErrRetrySafe):
+		return dispRelease
+	case err != nil:
+		return dispPending
+	case resp.Status == http.StatusTooManyRequests:
+		return dispRelease
+	case resp.Status < 100 || resp.Status >= 500:
+		return dispPending
+	}
+	return dispStore
+}
+
+// overrunGrace is how long after its deadline work may return and still be
+// within MaxHold: a context-respecting handler needs a moment to unwind.
+const overrunGrace = time.Second
+
+// run runs the work under the claim and records what it answered.
+func (x *execution) run(ctx context.Context, work Work) (Response, Outcome, error) {
+	x.parent = ctx
+	if x.g.detach {
+		x.parent = context.WithoutCancel(ctx)
+	}
+	wctx, cancel := context.WithDeadline(x, x.claimed.Add(x.g.workTimeout))
+	defer cancel()
+	returned := false
+	defer func() {
+		if !returned {
+			x.panicked(ctx)
+		}
+	}()
+	resp, err := work(wctx)
+	returned = true
+	return x.finish(ctx, resp, err)
+}
+
+// panicked leaves the key in progress: the panic may have come after a side
+// effect. Only a work that said MarkRetrySafe first gets its key released.
+func (x *execution) panicked(ctx context.Context) {
+	if x.retrySafe.Load() {
+		x.release(ctx)
+		x.g.tel.add(ctx, evReleased)
+		return
+	}
+	x.g.tel.add(ctx, evPending)
+	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: work panicked; the key stays in progress until it is settled or released",
+		slog.String("key_hash", keyHash(x.req)))
+}
+
+func (x *execution) finish(ctx context.Context, resp Response, err error) (Response, Outcome, error) {
+	if took := time.Since(x.claimed); took > x.g.workTimeout+overrunGrace {
+		x.g.tel.add(ctx, evOverrun)
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: work ran past its deadline; a reconciler may have acted on its key meanwhile",
+			slog.String("key_hash", keyHash(x.req)), slog.Duration("took", took), slog.Duration("work_timeout", x.g.workTimeout))
+	}
+	d := disposition(resp, err)
+	if x.retrySafe.Load() {
+		d = dispRelease
+	}
+	if a := x.joined.Load(); a != nil {
+		return x.finishJoined(ctx, resp, err, *a, d)
+	}
+	switch d {
+	case dispRelease:
+		x.release(ctx)
+		x.g.tel.add(ctx, evReleased)
+		return resp, OutcomeExecutedReleased, err
+	case dispPending:
+		x.g.tel.add(ctx, evPending)
+		if err == nil && (resp.Status < 100 || resp.Status >= 600) {
+			err = fmt.Errorf("idem: work returned invalid status %d", resp.Status)
+		}
+		return resp, OutcomeExecutedPending, err
+	}
+	if werr := x.write(ctx, durable.Answer(resp)); werr != nil {
+		x.g.tel.add(ctx, evPending)
+		return resp, OutcomeExecutedPending, nil
+	}
+	x.g.tel.add(ctx, evExecuted)
+	x.g.remember(x.req, resp, x.createdAt)
+	return resp, OutcomeExecuted, nil
+}
+
+// finishJoined decides after work that called Complete: the answer counts
+// only if the caller's transaction committed it. A rolled-back answer is
+// never stored: the work's effects rolled back with it, or not, and only a
+// reconciler can tell, so the key stays in progress (or is released if the
+// work said nothing happened).
+func (x *execution) finishJoined(ctx context.Context, resp Response, err error, joined durable.Answer, d disp) (Response, Outcome, error) {
+	sctx, cancel := x.g.storeContext(ctx)
+	rec, gerr := x.g.store.Get(sctx, x.req.Scope, x.req.Key)
+	cancel()
+	switch {
+	case gerr == nil && rec.Owner == x.owner && rec.Answer != nil:
+		if !joined.Equal(durable.Answer(resp)) {
+			x.g.tel.add(ctx, evAnswerMismatch)
+			x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the work returned an answer other than the one it completed; retries are replayed the completed one",
+				slog.String("key_hash", keyHash(x.req)), slog.Int("completed_status", joined.Status), slog.Int("returned_status", resp.Status))
+		}
+		x.g.tel.add(ctx, evExecuted)
+		x.g.remember(x.req, Response(*rec.Answer), rec.CreatedAt)
+		return resp, OutcomeExecuted, err
+	case gerr == nil && rec.Owner == x.owner:
+		// The caller's transaction rolled back.
+		if d == dispRelease {
+			x.release(ctx)
+			x.g.tel.add(ctx, evReleased)
+			return resp, OutcomeExecutedReleased, err
+		}
+		x.g.tel.add(ctx, evPending)
+		x.g.log.LogAttrs(ctx, slog.LevelWarn, "idem: the transaction that completed the answer did not commit; the key stays in progress until it is settled",
+			slog.String("key_hash", keyHash(x.req)), slog.Int("status", resp.Status))
+		return resp, OutcomeExecutedPending, err
+	case gerr == nil || errors.Is(gerr, durable.ErrNotFound):
+		x.takenOver(ctx, "read joined answer")
+	default:
+		// Cannot tell whether the caller's transaction committed: the key
+		// stays in progress rather than risk a second execution.
+		x.storeFailed(ctx, "read joined answer", gerr)
+	}
+	x.g.tel.add(ctx, evPending)
+	return resp, OutcomeExecutedPending, err
+}
+
+// Writes of an answer after the work are tried storeAttempts times, with
+// these pauses between tries, each bounded by StoreTimeout.
+const storeAttempts = 3
+
+var storeRetryPause = [storeAttempts - 1]time.Duration{100 * time.Millisecond, 400 * time.Millisecond}
+
+func storeRetryPauses() (d time.Duration) {
+	for _, p := range storeRetryPause {
+		d += p
+	}
+	return d
+}
+
+// write stores the answer on the claimed row, owner-checked. A write whose
+// reply was lost is retried, and the store reports a retry that finds the
+// same answer already written by the same owner as success. A failure leaves
+// the key in progress; it is logged here.
+func (x *execution) write(ctx context.Context, a durable.Answer) error {
+	var err error
+	for i := range storeAttempts {
+		if i > 0 {
+			t := time.NewTimer(storeRetryPause[i-1])
+			<-t.C // the caller's cancellation does not stop the answer being stored
+		}
+		sctx, cancel := x.g.storeContext(ctx)
+		t0 := x.g.tel.start()
+		err = x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
+		x.g.tel.since(ctx, phaseStore, t0)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, durable.ErrNotOwner), errors.Is(err, durable.ErrNotFound), errors.Is(err, durable.ErrCompleted):
+			x.takenOver(ctx, "complete")
+			return err
+		case errors.Is(err, durable.ErrInvalid):
+			x.storeFailed(ctx, "complete", err)
+			return err
+		}
+	}
+	x.storeFailed(ctx, "complete", err)
+	return err
+}
+
+// takenOver reports that the claimed row is no longer this execution's: it
+// was released, settled or expired and claimed again while the work ran,
+// which only work that overran MaxHold, or a hand-made release, allows.
+func (x *execution) takenOver(ctx context.Context, op string) {
+	x.g.tel.add(ctx, evDoubleExecution)
+	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the claimed row was released, settled or taken over while the work ran; the work may have run twice",
+		slog.String("op", op), slog.String("key_hash", keyHash(x.req)))
+}
+
+func (x *execution) storeFailed(ctx context.Context, op string, err error) {
+	x.g.tel.add(ctx, evStoreError)
+	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer not stored; the key stays in progress until settled or expired",
+		slog.String("op", op), slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
+}
+
+// release deletes the claimed row (nothing happened: the next retry runs)
+// and, in hybrid mode, gives the lease back so that the retry need not wait
+// for its TTL.
+func (x *execution) release(ctx context.Context) {
+	sctx, cancel := x.g.storeContext(ctx)
+	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)
+	cancel()
+	if err != nil {
+		x.g.tel.add(ctx, evStoreError)
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",
+			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
+		return
+	}
+	if x.lease != nil {
+		x.g.releaseLease(ctx, x.req, x.lease)
+	}
+}

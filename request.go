@@ -1,0 +1,134 @@
+package idem
+
+import (
+	"context"
+	"encoding/base32"
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+)
+
+// Request names one intent: who asks (Scope), under which idempotency key,
+// and what they sent (Fingerprint).
+type Request struct {
+	// Scope is the authenticated caller, e.g. the user id. Keys are unique per
+	// scope: another scope's key is a key nobody has seen. Required: 1 to
+	// 1024 bytes of valid UTF-8 without NUL.
+	Scope string
+	// Key is the client's idempotency key. Required: 1 to 255 bytes of valid
+	// UTF-8 without NUL (the middleware further restricts it to printable
+	// ASCII).
+	Key string
+	// Fingerprint identifies the request's content (see HashRequest). A retry
+	// must send the same one. The zero Fingerprint is refused.
+	Fingerprint Fingerprint
+}
+
+// Limits on Request fields.
+const (
+	MaxKeyLen   = 255
+	MaxScopeLen = 1024
+)
+
+func (r Request) validate() error {
+	if err := validText(r.Scope, MaxScopeLen); err != "" {
+		return &RequestError{Field: "Scope", Reason: err}
+	}
+	if err := validText(r.Key, MaxKeyLen); err != "" {
+		return &RequestError{Field: "Key", Reason: err}
+	}
+	if r.Fingerprint == (Fingerprint{}) {
+		return &RequestError{Field: "Fingerprint", Reason: "zero"}
+	}
+	return nil
+}
+
+func validText(s string, max int) string {
+	switch {
+	case s == "":
+		return "empty"
+	case len(s) > max:
+		return fmt.Sprintf("longer than %d bytes", max)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return "contains NUL"
+	}
+	return ""
+}
+
+// Response is a finished answer: what is stored and replayed. Header holds
+// only what the caller chose to keep (the middleware keeps an allowlist).
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Work is the guarded operation. Its ctx carries the execution (see
+// [IntentFromContext], [MarkRetrySafe], [Complete]) and a deadline
+// WorkTimeout after the claim. The returned Response decides what happens to
+// the key:
+//
+//   - status 100-499 except 429: stored and replayed to every retry;
+//   - 429, an error wrapping ErrRetrySafe, or MarkRetrySafe called: the key is
+//     released, the next retry runs the work again;
+//   - 5xx or any other error: not stored, the key stays in progress until it
+//     is settled or released, or expires.
+type Work func(ctx context.Context) (Response, error)
+
+// IntentID identifies one intent: the claim under which a key's work runs.
+// Every claim draws a new random IntentID and stores it in the key's row
+// (the owner token), so the work, every retry that finds the row, and a
+// reconciler looking at it later (reconcile.Item.Intent) all see the same
+// one. A key claimed again after it expired, or after it was released
+// because nothing happened, is a new intent with a new IntentID.
+//
+// Name what the work creates after it (DeriveID): a reused key after expiry
+// then creates a new order and a new charge, not the old order's replay.
+type IntentID [16]byte
+
+// String returns the ID as 26 lowercase base32 characters.
+func (id IntentID) String() string {
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(id[:]))
+}
+
+// MarkRetrySafe declares, from inside the work (ctx is the work's context or
+// one derived from it), that the work did nothing a retry could repeat, for
+// example a 503 from an open circuit breaker before any charge. Whatever
+// status the work then returns, or if it then panics, the key is released
+// instead of stored or left in progress, and the next retry runs. It reports
+// false, and does nothing, when ctx does not belong to a guarded execution.
+// An answer already committed through [Complete] is kept all the same.
+func MarkRetrySafe(ctx context.Context) bool {
+	x := executionFrom(ctx)
+	if x == nil {
+		return false
+	}
+	x.retrySafe.Store(true)
+	return true
+}
+
+// RequestFromContext returns the Request of the guarded execution that ctx
+// belongs to (the work's context, or the request context a guarded HTTP
+// handler receives).
+func RequestFromContext(ctx context.Context) (Request, bool) {
+	x := executionFrom(ctx)
+	if x == nil {
+		return Request{}, false
+	}
+	return x.req, true
+}
+
+// IntentFromContext returns the IntentID of the guarded execution that ctx
+// belongs to. Handlers derive the identifiers of what they create from it
+// with DeriveID.
+func IntentFromContext(ctx context.Context) (IntentID, bool) {
+	x := executionFrom(ctx)
+	if x == nil {
+		return IntentID{}, false
+	}
+	return IntentID(x.owner), true
+}
