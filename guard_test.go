@@ -848,3 +848,51 @@ func TestLostReplyToCommittedAnswer(t *testing.T) {
 		require.Zero(t, st.StoreErrors)
 	})
 }
+
+// lostClaimReplyStore commits the first Claim of each key and then reports
+// it failed, as a connection reset between the commit and its reply.
+type lostClaimReplyStore struct {
+	idem.Store
+	lost sync.Map
+}
+
+func (s *lostClaimReplyStore) Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+	rec, ok, err := s.Store.Claim(ctx, p)
+	if err != nil {
+		return rec, ok, err
+	}
+	if _, lost := s.lost.LoadOrStore(p.Scope+"\x00"+p.Key, true); !lost {
+		return durable.Record{}, false, errors.New("read tcp: connection reset by peer")
+	}
+	return rec, ok, nil
+}
+
+// The claim commits but its reply is lost: that request is refused with
+// ErrUnavailable and its work does not run; the row, whose owner is gone,
+// holds retries at 409 until it is released (as a reconciler would, finding
+// nothing happened), and then the work runs once.
+func TestLostReplyToCommittedClaim(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy, func(o *setupOpts) {
+			o.store = func(s idem.Store) idem.Store { return &lostClaimReplyStore{Store: s} }
+		})
+		ctx := context.Background()
+		r := req("u", newKey(), "x")
+		w := &counter{resp: created("once")}
+		_, out, err := b.guard.Do(ctx, r, w.work)
+		require.ErrorIs(t, err, idem.ErrUnavailable)
+		require.Equal(t, idem.OutcomeNone, out)
+		_, out, err = b.guard.Do(ctx, r, w.work)
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.Equal(t, idem.OutcomeInProgress, out)
+		require.Zero(t, w.n.Load())
+
+		rec, err := b.store.Get(ctx, r.Scope, r.Key)
+		require.NoError(t, err)
+		require.NoError(t, b.guard.ReleaseOwned(ctx, r.Scope, r.Key, rec.Owner))
+		_, out, err = b.guard.Do(ctx, r, w.work)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeExecuted, out)
+		require.EqualValues(t, 1, w.n.Load())
+	})
+}

@@ -202,17 +202,30 @@ func (a *app) postOrder(t *testing.T, user, key, body string) reply {
 	return a.do(t, http.MethodPost, "/orders", user, key, body)
 }
 
-// charges returns what GET /payrail/charges reports.
+// charges returns the count of GET /payrail/charges: the charges the
+// provider has performed.
 func (a *app) charges(t *testing.T) int {
+	t.Helper()
+	count, _ := a.chargeCounts(t)
+	return count
+}
+
+// chargeCounts returns what GET /payrail/charges reports: the charges the
+// provider has performed (count) and the charge calls it has received,
+// replays and refusals included (attempts).
+func (a *app) chargeCounts(t *testing.T) (count, attempts int) {
 	t.Helper()
 	r := a.do(t, http.MethodGet, "/payrail/charges", "", "", "")
 	require.Equal(t, http.StatusOK, r.Status)
 	var c struct {
-		Count *int `json:"count"`
+		Count    *int `json:"count"`
+		Attempts *int `json:"attempts"`
 	}
 	require.NoError(t, json.Unmarshal(r.Body, &c))
 	require.NotNil(t, c.Count, "body: %s", r.Body)
-	return *c.Count
+	require.NotNil(t, c.Attempts, "body: %s", r.Body)
+	require.GreaterOrEqual(t, *c.Attempts, *c.Count, "every charge was a call; body: %s", r.Body)
+	return *c.Count, *c.Attempts
 }
 
 // order is the JSON form of an order.

@@ -16,7 +16,11 @@ import (
 //   - no order: the order row is written before any charge, so nothing was
 //     charged; the key is released and the client's next retry runs.
 //   - an order, but no charge under its key: the request died before the
-//     charge; released likewise (the retry finds the order and charges it).
+//     charge; the order is marked abandoned and the key released likewise.
+//     The retry is a new intent: a new order under a new provider key.
+//     WARNING: this trusts that a charge call of the dead request cannot
+//     still reach the provider after MinAge (-reconcile-after); a real
+//     provider's request timeout must be shorter than that.
 //   - a charge: the order's final state is recorded and the key is settled
 //     with the answer the request would have given, which the next retry
 //     gets (201, or 402 for a decline).
@@ -33,6 +37,10 @@ func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.De
 		return reconcile.Decision{}, err // unknown: tried again later
 	}
 	if !charged {
+		o.Status = OrderAbandoned
+		if err := c.orders.update(ctx, c.orders.pool, o); err != nil {
+			return reconcile.Decision{}, err
+		}
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 	}
 	resp := declinedResponse()
