@@ -1,0 +1,84 @@
+package main_test
+
+import (
+	"crypto/rand"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
+)
+
+// BenchmarkCommitModes measures a first execution's two writes, the claim
+// and the answer, through *durable.Store on the real schema, with each
+// committed either waiting for its WAL flush (synchronous_commit on, the
+// server default) or not (off, set as a connection parameter of a pool used
+// only for that write: no extra statement). Closed loop, 8 and 32 callers,
+// reported as executions per second. It decides which write may skip the
+// flush: docs/strategies.md, "Disk flushes".
+//
+//	go test -run '^$' -bench CommitModes -benchtime 3s -count 5 ./bench
+func BenchmarkCommitModes(b *testing.B) {
+	for _, mode := range []struct {
+		name                    string
+		claimAsync, answerAsync bool
+	}{
+		{"claim=sync/answer=sync", false, false},
+		{"claim=sync/answer=async", false, true},
+		{"claim=async/answer=sync", true, false},
+		{"claim=async/answer=async", true, true},
+	} {
+		for _, conc := range []int{8, 32} {
+			b.Run(fmt.Sprintf("%s/conc=%d", mode.name, conc), func(b *testing.B) {
+				store, _ := testdb.Store(b, nil)
+				syncDB, asyncDB := commitPool(b, conc, "on"), commitPool(b, conc, "off")
+				claims, answers := store.WithDB(syncDB), store.WithDB(syncDB)
+				if mode.claimAsync {
+					claims = store.WithDB(asyncDB)
+				}
+				if mode.answerAsync {
+					answers = store.WithDB(asyncDB)
+				}
+				run := rand.Text()[:8]
+				var seq atomic.Int64
+				b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					a := durable.Answer(answer)
+					for pb.Next() {
+						p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
+							Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
+						if _, ok, err := claims.Claim(b.Context(), p); err != nil || !ok {
+							b.Fatalf("claim: %v %v", ok, err)
+						}
+						if err := answers.Complete(b.Context(), p.Scope, p.Key, p.Owner, a); err != nil {
+							b.Fatalf("complete: %v", err)
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "execs/s")
+			})
+		}
+	}
+}
+
+// commitPool is a pool of conc connections with synchronous_commit set.
+func commitPool(b *testing.B, conc int, syncCommit string) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = int32(conc)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = syncCommit
+	pool, err := pgxpool.NewWithConfig(b.Context(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
