@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/lock"
 )
 
 // claimAndRun is the table strategy, and the fence under every hybrid lease:
@@ -13,8 +12,9 @@ import (
 // The winner runs the work and writes its answer under its owner token; a
 // loser is answered from the row it found (422, 409 or a replay).
 //
-// lease is the hybrid's Redis lease, nil in table mode or after a fallback.
-func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease *lock.Lease) (Response, Outcome, error) {
+// release gives back the hybrid's lease; nil in table mode, after a
+// fallback, or on the read path.
+func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release func(context.Context) error) (Response, Outcome, error) {
 	owner := newToken()
 	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
 	t0 := g.tel.start()
@@ -29,6 +29,6 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease *
 	if !claimed {
 		return g.decide(ctx, req, rec)
 	}
-	x := &execution{g: g, req: req, owner: owner, createdAt: rec.CreatedAt, claimed: time.Now(), lease: lease}
+	x := &execution{g: g, req: req, owner: owner, createdAt: rec.CreatedAt, claimed: time.Now(), lease: release}
 	return x.run(ctx, work)
 }

@@ -134,8 +134,10 @@ func ExampleGuard_Do() {
 
 	msg := []byte(`{"invoice":"inv_1","amount":4200}`)
 	req := idem.Request{Scope: "tenant-7", Key: "msg-1", Fingerprint: idem.HashParts([]byte("invoice.pay"), msg)}
+	var intent idem.IntentID // the claim the payment ran under; a reconciler gets it as Item.Intent
 	pay := func(status int) idem.Work {
 		return func(ctx context.Context) (idem.Response, error) {
+			intent, _ = idem.IntentFromContext(ctx)
 			return idem.Response{Status: status, Body: []byte("paid")}, nil
 		}
 	}
@@ -145,7 +147,7 @@ func ExampleGuard_Do() {
 	_, out, err = guard.Do(ctx, req, pay(http.StatusOK)) // redelivery: unknown yet
 	fmt.Println(out, err)
 	// Reconciliation learned that the payment went through.
-	if err := guard.Settle(ctx, req.Scope, req.Key, idem.Response{Status: http.StatusOK, Body: []byte("paid")}); err != nil {
+	if err := guard.Settle(ctx, req.Scope, req.Key, intent, idem.Response{Status: http.StatusOK, Body: []byte("paid")}); err != nil {
 		log.Fatal(err)
 	}
 	resp, out, _ := guard.Do(ctx, req, pay(http.StatusOK))

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/lock"
 )
 
 type executionKey struct{}
@@ -26,10 +25,10 @@ type execution struct {
 	g         *Guard
 	req       Request
 	owner     durable.Token
-	createdAt time.Time   // the claimed row's created_at (database clock)
-	claimed   time.Time   // when the claim returned (local clock): the work's deadline counts from here
-	lease     *lock.Lease // hybrid: given back with the key when it is released
-	retrySafe atomic.Bool // MarkRetrySafe was called
+	createdAt time.Time                   // the claimed row's created_at (database clock)
+	claimed   time.Time                   // when the claim returned (local clock): the work's deadline counts from here
+	lease     func(context.Context) error // hybrid: gives the lease back, with the key when it is released
+	retrySafe atomic.Bool                 // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
 	// whether that transaction committed is checked after the work.

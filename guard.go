@@ -38,7 +38,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/lock"
 )
 
 // Store is what the Guard needs from the durable store. *durable.Store
@@ -50,20 +49,32 @@ type Store interface {
 	Get(ctx context.Context, scope, key string) (durable.Record, error)
 	Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error
 	Release(ctx context.Context, scope, key string, owner durable.Token) error
-	Settle(ctx context.Context, scope, key string, a durable.Answer) error
-	ReleaseInProgress(ctx context.Context, scope, key string) error
 	// Retention is how long a key lives from its claim. The Guard refuses a
 	// retention not longer than its MaxHold, and never caches an answer
 	// past its key's expiry.
 	Retention() time.Duration
 }
 
+// Locker is the lease service of the hybrid strategy. *lock.Locker (package
+// lock, over Redis) implements it; taking it as an interface keeps Redis out
+// of a table-only program.
+type Locker interface {
+	// TryLock takes the lease of the intent (scope, key) without waiting.
+	// It returns a function that gives the lease back when it was
+	// obtained; nil and a nil error when another holder has it; an error
+	// when the service could not answer in time (the guard then claims
+	// without a lease) or ctx ended. release reports an error only when it
+	// could not reach the service; a lease already gone is not one.
+	TryLock(ctx context.Context, scope, key string) (release func(context.Context) error, err error)
+}
+
 // Config tunes a Guard. A nil *Config is valid: the table strategy with every
 // default.
 type Config struct {
-	// Lock, when set, selects the hybrid strategy: a Redis lease filters
-	// retries before the durable claim. Defaults to nil (table strategy).
-	Lock *lock.Locker
+	// Lock, when set, selects the hybrid strategy: a lease (a *lock.Locker
+	// over Redis) filters retries before the durable claim. Defaults to nil
+	// (table strategy).
+	Lock Locker
 	// WorkTimeout bounds the work's context, from the claim on. Together
 	// with StoreTimeout it bounds how long a request keeps its key in
 	// progress (see Guard.MaxHold). The lease of the hybrid strategy may
@@ -129,7 +140,7 @@ const (
 // by any number of goroutines and holds no per-request state.
 type Guard struct {
 	store        Store
-	lock         *lock.Locker
+	lock         Locker
 	workTimeout  time.Duration
 	detach       bool
 	storeTimeout time.Duration
@@ -217,8 +228,10 @@ func (g *Guard) Strategy() Strategy {
 //     key was released. err is the work's own error, if any (ErrRetrySafe
 //     when it returned that).
 //   - OutcomeReplayed: resp is the stored answer. err is nil.
-//   - OutcomeInProgress, OutcomeKeyReused: the work did not run; err wraps
-//     ErrInProgress or ErrKeyReused.
+//   - OutcomeInProgress: the work did not run; err is ErrInProgress while
+//     another request runs, or ErrPending when the key waits for
+//     reconciliation (errors.Is(ErrPending, ErrInProgress) holds).
+//   - OutcomeKeyReused: the work did not run; err is ErrKeyReused.
 //   - OutcomeNone: the work did not run; err wraps ErrUnavailable or
 //     ErrInvalidRequest, or is the context's error.
 //
@@ -259,6 +272,13 @@ func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record) (Re
 		return Response{}, OutcomeKeyReused, ErrKeyReused
 	case rec.Answer == nil:
 		g.tel.add(ctx, evInProgress)
+		if time.Since(rec.CreatedAt) > g.MaxHold() {
+			// No running request holds a key this long: its outcome is
+			// unknown until a reconciler settles it. (created_at is the
+			// database's clock; skew of a few seconds only shifts when a
+			// key starts being reported pending.)
+			return Response{}, OutcomeInProgress, ErrPending
+		}
 		return Response{}, OutcomeInProgress, ErrInProgress
 	}
 	g.tel.add(ctx, evReplayed)
@@ -316,33 +336,19 @@ func (g *Guard) MaxHold() time.Duration {
 }
 
 // Settle stores the final answer of a key left in progress (by a 5xx, an
-// error or a crash), so that the next retry is replayed resp. Use it once the
-// real outcome is known. It returns durable.ErrNotFound when no live row
-// exists and durable.ErrCompleted when the key already has an answer.
-// Reconcilers use SettleOwned.
-func (g *Guard) Settle(ctx context.Context, scope, key string, resp Response) error {
-	return g.settle(ctx, scope, key, nil, resp)
-}
-
-// SettleOwned is Settle restricted to the claim of owner, the row's owner
-// token as the reconciler listed it: if the key has been released and claimed
-// again by a new request meanwhile, it returns durable.ErrNotOwner and
-// changes nothing.
-func (g *Guard) SettleOwned(ctx context.Context, scope, key string, owner durable.Token, resp Response) error {
-	return g.settle(ctx, scope, key, &owner, resp)
-}
-
-func (g *Guard) settle(ctx context.Context, scope, key string, owner *durable.Token, resp Response) error {
+// error, a crash), so that its next retry is replayed resp. Use it once the
+// real outcome is known. It acts only on the claim of intent, the key's
+// IntentID (reconcile.Item.Intent, or the owner token of the row read with
+// the store's Get): a key released and claimed again meanwhile is a new
+// intent, and Settle then returns durable.ErrNotOwner and changes nothing.
+// It returns durable.ErrNotFound when no live row exists and
+// durable.ErrCompleted when the key already has another answer; settling the
+// same answer twice is not an error. resp must be storable (100-499 but 429).
+func (g *Guard) Settle(ctx context.Context, scope, key string, intent IntentID, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
-	var err error
-	if owner != nil {
-		err = g.store.Complete(ctx, scope, key, *owner, durable.Answer(resp))
-	} else {
-		err = g.store.Settle(ctx, scope, key, durable.Answer(resp))
-	}
-	if err != nil {
+	if err := g.store.Complete(ctx, scope, key, durable.Token(intent), durable.Answer(resp)); err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
 	g.tel.add(ctx, evSettled)
@@ -351,28 +357,13 @@ func (g *Guard) settle(ctx context.Context, scope, key string, owner *durable.To
 	return nil
 }
 
-// Release deletes a key left in progress, declaring that nothing happened:
-// the next retry runs the work. It returns durable.ErrNotFound when no live
-// row exists and durable.ErrCompleted when the key already has an answer
-// (which is never released). Reconcilers use ReleaseOwned.
-func (g *Guard) Release(ctx context.Context, scope, key string) error {
-	return g.release(ctx, scope, key, nil)
-}
-
-// ReleaseOwned is Release restricted to the claim of owner: a key claimed
-// again by a new request meanwhile is not released (durable.ErrNotOwner).
-func (g *Guard) ReleaseOwned(ctx context.Context, scope, key string, owner durable.Token) error {
-	return g.release(ctx, scope, key, &owner)
-}
-
-func (g *Guard) release(ctx context.Context, scope, key string, owner *durable.Token) error {
-	var err error
-	if owner != nil {
-		err = g.store.Release(ctx, scope, key, *owner)
-	} else {
-		err = g.store.ReleaseInProgress(ctx, scope, key)
-	}
-	if err != nil {
+// Release deletes a key left in progress, declaring that its intent had no
+// effect: the next retry runs the work, as a new intent. Like Settle it acts
+// only on the claim of intent (durable.ErrNotOwner otherwise), returns
+// durable.ErrNotFound when no live row exists, and durable.ErrCompleted when
+// the key has an answer, which is never released.
+func (g *Guard) Release(ctx context.Context, scope, key string, intent IntentID) error {
+	if err := g.store.Release(ctx, scope, key, durable.Token(intent)); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
 	g.tel.add(ctx, evReleased)

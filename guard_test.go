@@ -89,6 +89,16 @@ func forEachStrategy(t *testing.T, fn func(t *testing.T, strategy string)) {
 
 func newKey() string { return "key-" + rand.Text() }
 
+// intentOf is the IntentID of the key's live row, as a reconciler lists it.
+func intentOf(t *testing.T, s interface {
+	Get(context.Context, string, string) (durable.Record, error)
+}, scope, key string) idem.IntentID {
+	t.Helper()
+	rec, err := s.Get(context.Background(), scope, key)
+	require.NoError(t, err)
+	return idem.IntentID(rec.Owner)
+}
+
 func req(scope, key, body string) idem.Request {
 	return idem.Request{Scope: scope, Key: key, Fingerprint: idem.HashRequest("POST", "/orders", []byte(body))}
 }
@@ -311,27 +321,29 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		}
 		require.EqualValues(t, 1, w.n.Load())
 
-		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, created("settled")))
+		intent := intentOf(t, b.store, r.Scope, r.Key)
+		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("settled")))
+		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("settled")), "the same answer again")
 		resp, out, err = b.guard.Do(ctx, r, w.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out)
 		require.Equal(t, http.StatusCreated, resp.Status)
-		require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, created("again")), durable.ErrCompleted)
-		require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key), durable.ErrCompleted)
+		require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("again")), durable.ErrCompleted)
+		require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, intent), durable.ErrCompleted)
 
 		// Release: "nothing happened", the next retry runs.
 		r2 := req("u", newKey(), "pay")
 		_, _, _ = b.guard.Do(ctx, r2, w.work)
-		require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key))
+		require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, intentOf(t, b.store, r2.Scope, r2.Key)))
 		ok := &counter{resp: created("after-release")}
 		_, out, err = b.guard.Do(ctx, r2, ok.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out)
 		require.EqualValues(t, 1, ok.n.Load())
 
-		require.ErrorContains(t, b.guard.Settle(ctx, "u", newKey(), idem.Response{Status: 503}), "cannot be stored")
-		require.ErrorIs(t, b.guard.Settle(ctx, "u", newKey(), created("x")), durable.ErrNotFound)
-		require.ErrorIs(t, b.guard.Release(ctx, "u", newKey()), durable.ErrNotFound)
+		require.ErrorContains(t, b.guard.Settle(ctx, "u", newKey(), intent, idem.Response{Status: 503}), "cannot be stored")
+		require.ErrorIs(t, b.guard.Settle(ctx, "u", newKey(), intent, created("x")), durable.ErrNotFound)
+		require.ErrorIs(t, b.guard.Release(ctx, "u", newKey(), intent), durable.ErrNotFound)
 	})
 }
 
@@ -565,7 +577,7 @@ func TestTakenOverClaimIsDetected(t *testing.T) {
 		ctx := context.Background()
 		r := req("u", newKey(), "x")
 		_, out, err := b.guard.Do(ctx, r, func(ctx context.Context) (idem.Response, error) {
-			require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key))
+			require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, intentOf(t, b.store, r.Scope, r.Key)))
 			if b.mr != nil {
 				b.mr.FlushAll()
 			}
@@ -688,12 +700,16 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 			store, err := durable.New(pool, nil)
 			require.NoError(t, err)
 			cfg := &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreTimeout: 2 * time.Second}
-			var mr *miniredis.Miniredis
+			var (
+				mr     *miniredis.Miniredis
+				locker *lock.Locker
+			)
 			if strategy != "table" {
 				mr = miniredis.RunT(t)
 				c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
 				t.Cleanup(func() { _ = c.Close() })
-				cfg.Lock = mustLocker(t, c)
+				locker = mustLocker(t, c)
+				cfg.Lock = locker
 			}
 			g, err := idem.New(store, cfg)
 			require.NoError(t, err)
@@ -703,7 +719,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 			require.Equal(t, idem.OutcomeNone, out)
 			require.EqualValues(t, 1, g.Stats().StoreErrors)
 			if mr != nil {
-				require.False(t, mr.Exists(cfg.Lock.Key(r.Scope, r.Key)),
+				require.False(t, mr.Exists(locker.Key(r.Scope, r.Key)),
 					"the lease must be released when the store cannot decide")
 			}
 		})
@@ -775,20 +791,19 @@ func TestOutcomeString(t *testing.T) {
 	require.False(t, idem.OutcomeReplayed.Executed())
 }
 
-// SettleOwned and ReleaseOwned touch only the claim they name: a key claimed
-// again by a new request meanwhile is left alone.
-func TestOwnedSettleAndRelease(t *testing.T) {
+// Settle and Release touch only the claim they name: a key claimed again by
+// a new request meanwhile is left alone.
+func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 	b := setup(t, "table")
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	_, _, _ = b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
-	rec, err := b.store.Get(ctx, r.Scope, r.Key)
-	require.NoError(t, err)
+	intent := intentOf(t, b.store, r.Scope, r.Key)
 
-	require.ErrorIs(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, durable.Token{9}, created("x")), durable.ErrNotOwner)
-	require.ErrorIs(t, b.guard.ReleaseOwned(ctx, r.Scope, r.Key, durable.Token{9}), durable.ErrNotOwner)
-	require.ErrorContains(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, rec.Owner, idem.Response{Status: 500}), "cannot be stored")
-	require.NoError(t, b.guard.SettleOwned(ctx, r.Scope, r.Key, rec.Owner, created("owned")))
+	require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, idem.IntentID{9}, created("x")), durable.ErrNotOwner)
+	require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, idem.IntentID{9}), durable.ErrNotOwner)
+	require.ErrorContains(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, idem.Response{Status: 500}), "cannot be stored")
+	require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("owned")))
 	resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out)
@@ -796,12 +811,13 @@ func TestOwnedSettleAndRelease(t *testing.T) {
 
 	r2 := req("u", newKey(), "y")
 	_, _, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
-	rec2, err := b.store.Get(ctx, r2.Scope, r2.Key)
+	old := intentOf(t, b.store, r2.Scope, r2.Key)
+	require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, old))
+	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
 	require.NoError(t, err)
-	require.NoError(t, b.guard.ReleaseOwned(ctx, r2.Scope, r2.Key, rec2.Owner))
-	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: created("again")}).work)
-	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecuted, out)
+	require.Equal(t, idem.OutcomeExecutedPending, out, "the retry is a new intent")
+	require.ErrorIs(t, b.guard.Settle(ctx, r2.Scope, r2.Key, old, created("stale")), durable.ErrNotOwner,
+		"a decision about the old intent does not touch the new one")
 	require.EqualValues(t, 1, b.guard.Stats().Settled)
 	require.EqualValues(t, 1, b.guard.Stats().Released)
 }
@@ -889,7 +905,7 @@ func TestLostReplyToCommittedClaim(t *testing.T) {
 
 		rec, err := b.store.Get(ctx, r.Scope, r.Key)
 		require.NoError(t, err)
-		require.NoError(t, b.guard.ReleaseOwned(ctx, r.Scope, r.Key, rec.Owner))
+		require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, idem.IntentID(rec.Owner)))
 		_, out, err = b.guard.Do(ctx, r, w.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out)

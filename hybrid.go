@@ -3,11 +3,11 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/lock"
 )
 
 // doHybrid puts a Redis lease in front of the durable claim. SET NX EX
@@ -23,25 +23,25 @@ import (
 // lease with no row behind, and the read path then claims (readDecide).
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	start := time.Now()
-	lease, err := g.lock.Obtain(ctx, req.Scope, req.Key)
+	release, err := g.lock.TryLock(ctx, req.Scope, req.Key)
 	g.tel.since(ctx, phaseLock, start)
 	switch {
-	case errors.Is(err, lock.ErrNotObtained):
-		return g.readDecide(ctx, req, work)
-	case errors.Is(err, lock.ErrUnavailable):
+	case err != nil && ctx.Err() != nil:
+		return Response{}, OutcomeNone, fmt.Errorf("idem: lock: %w", err) // the caller's context ended
+	case err != nil:
 		// Safe: every execution holds a durable row, and this claim
 		// competes with theirs.
 		g.tel.add(ctx, evFallback)
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: redis unavailable, falling back to the table claim",
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease service unavailable, falling back to the table claim",
 			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 		return g.claimAndRun(ctx, req, work, nil)
-	case err != nil:
-		return Response{}, OutcomeNone, err // the caller's context ended
+	case release == nil:
+		return g.readDecide(ctx, req, work)
 	}
-	resp, out, err := g.claimAndRun(ctx, req, work, lease)
+	resp, out, err := g.claimAndRun(ctx, req, work, release)
 	if out == OutcomeNone {
 		// The claim failed: nothing holds the key, so neither may the lease.
-		g.releaseLease(ctx, req, lease)
+		g.releaseLease(ctx, req, release)
 	}
 	return resp, out, err
 }
@@ -68,14 +68,14 @@ func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Respons
 
 // releaseLease gives the lease back; a failure only delays retries until the
 // lease's TTL, so it is logged and not reported.
-func (g *Guard) releaseLease(ctx context.Context, req Request, lease *lock.Lease) {
+func (g *Guard) releaseLease(ctx context.Context, req Request, release func(context.Context) error) {
 	rctx, cancel := g.storeContext(ctx)
 	defer cancel()
 	t0 := g.tel.start()
-	err := lease.Release(rctx)
+	err := release(rctx)
 	g.tel.since(ctx, phaseRelease, t0)
-	if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: releasing lease failed; retries get 409 until it expires",
+	if err != nil {
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: releasing lease failed; retries read the row until it expires",
 			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 	}
 }

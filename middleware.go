@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"time"
 )
 
 // ScopeFunc returns the authenticated caller of r (for example the user id
@@ -86,6 +87,62 @@ func WithStoredHeaders(names ...string) Option {
 	}
 }
 
+// RetryHints are the Retry-After values the middleware sends with its 409
+// and 503 problems, rounded up to whole seconds. A zero field takes its
+// default; a negative one sends no Retry-After.
+type RetryHints struct {
+	// InProgress: a request with the key is running now; its answer is
+	// typically a work's duration away. Defaults to 1s.
+	InProgress time.Duration
+	// Pending: the key's work ended without a known outcome and waits for
+	// reconciliation (ErrPending), typically the reconciler's MinAge plus
+	// an interval away. Defaults to 30s.
+	Pending time.Duration
+	// Unavailable: the store could not decide (503); nothing ran.
+	// Defaults to 2s.
+	Unavailable time.Duration
+}
+
+// Default Retry-After values.
+const (
+	DefaultRetryInProgress  = time.Second
+	DefaultRetryPending     = 30 * time.Second
+	DefaultRetryUnavailable = 2 * time.Second
+)
+
+func (h RetryHints) withDefaults() RetryHints {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&h.InProgress, DefaultRetryInProgress)
+	def(&h.Pending, DefaultRetryPending)
+	def(&h.Unavailable, DefaultRetryUnavailable)
+	return h
+}
+
+// WithRetryHints sets the Retry-After of 409 and 503 problems. Defaults to
+// 1s while in progress, 30s while pending reconciliation, 2s when
+// unavailable. Match Pending to your reconciler's cadence.
+func WithRetryHints(h RetryHints) Option { return func(m *middleware) { m.retry = h.withDefaults() } }
+
+// FingerprintFunc computes the fingerprint of a guarded request from the
+// request and its body (read in full, at most the body limit). A retry must
+// get the same fingerprint as the first request, and a different request
+// under the same key a different one.
+type FingerprintFunc func(r *http.Request, body []byte) Fingerprint
+
+// WithFingerprint replaces how requests are fingerprinted, for example to
+// leave out a tracking query parameter that clients change between retries.
+// Defaults to HashRequest over the method, the request target (path and
+// query) and the body.
+//
+// WARNING: whatever the function leaves out may differ between a first
+// request and a retry that is then replayed the first answer: leave out only
+// what does not change the intent.
+func WithFingerprint(fn FingerprintFunc) Option { return func(m *middleware) { m.fingerprint = fn } }
+
 // WithProblemBase sets the URI that problem type slugs are appended to.
 // Defaults to DefaultProblemBase.
 func WithProblemBase(base string) Option { return func(m *middleware) { m.base = base } }
@@ -104,18 +161,20 @@ func WithUnauthenticatedStatus(code int) Option { return func(m *middleware) { m
 func WithChallenge(challenge string) Option { return func(m *middleware) { m.challenge = challenge } }
 
 type middleware struct {
-	g         *Guard
-	scope     ScopeFunc
-	next      http.Handler
-	methods   map[string]bool
-	optional  bool
-	maxBody   int64
-	maxResp   int
-	stored    []string
-	base      string
-	render    ProblemRenderer
-	noScope   int
-	challenge string
+	g           *Guard
+	scope       ScopeFunc
+	next        http.Handler
+	methods     map[string]bool
+	optional    bool
+	maxBody     int64
+	maxResp     int
+	stored      []string
+	base        string
+	render      ProblemRenderer
+	noScope     int
+	challenge   string
+	retry       RetryHints
+	fingerprint FingerprintFunc
 }
 
 // Middleware returns net/http middleware (usable with http.ServeMux, chi and
@@ -133,8 +192,9 @@ type middleware struct {
 //
 // Refusals are RFC 9457 problems: 400 for a missing or invalid key or an
 // unreadable body, 401 without a caller, 413 for an oversized body, 409 with
-// Retry-After: 1 while in progress, 422 for a reused key, 503 when the store
-// is unavailable. Internal error text goes to the Guard's logger, never to the
+// Retry-After while in progress (request-in-progress) or pending
+// reconciliation (request-pending), 422 for a reused key, 503 with
+// Retry-After when the store is unavailable (see WithRetryHints). Internal error text goes to the Guard's logger, never to the
 // client.
 //
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
@@ -154,6 +214,7 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 		base:    DefaultProblemBase,
 		render:  RenderProblem,
 		noScope: http.StatusUnauthorized,
+		retry:   RetryHints{}.withDefaults(),
 	}
 	WithStoredHeaders(DefaultStoredHeaders()...)(&base)
 	for _, o := range opts {
@@ -171,8 +232,13 @@ func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int,
 		Type: m.base + slug, Title: problemTitles[slug], Status: status, Detail: detail,
 		Slug: slug, Err: cause,
 	}
-	if slug == ProblemInProgress {
-		p.RetryAfter = RetryAfter
+	switch slug {
+	case ProblemInProgress:
+		p.RetryAfter = m.retry.InProgress
+	case ProblemPending:
+		p.RetryAfter = m.retry.Pending
+	case ProblemServiceUnavailable:
+		p.RetryAfter = m.retry.Unavailable
 	}
 	if status == http.StatusUnauthorized && m.challenge != "" {
 		w.Header().Set("WWW-Authenticate", m.challenge)
@@ -226,7 +292,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	req := Request{Scope: scope, Key: key, Fingerprint: HashRequest(r.Method, r.URL.RequestURI(), body)}
+	var fp Fingerprint
+	if m.fingerprint != nil {
+		fp = m.fingerprint(r, body)
+	} else {
+		fp = HashRequest(r.Method, r.URL.RequestURI(), body)
+	}
+	req := Request{Scope: scope, Key: key, Fingerprint: fp}
 
 	var rec *recorder
 	resp, out, err := m.g.Do(r.Context(), req, func(ctx context.Context) (Response, error) {
@@ -255,8 +327,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case OutcomeReplayed:
 		writeReplay(w, resp)
 	case OutcomeInProgress:
+		if errors.Is(err, ErrPending) {
+			m.problem(w, r, http.StatusConflict, ProblemPending,
+				"The outcome of the request with this Idempotency-Key is not known yet; it is being reconciled. Retry later with the same key.", nil)
+			return
+		}
 		m.problem(w, r, http.StatusConflict, ProblemInProgress,
-			"A request with this Idempotency-Key is being processed or its outcome is not yet known. Retry later.", nil)
+			"A request with this Idempotency-Key is being processed. Retry shortly with the same key.", nil)
 	case OutcomeKeyReused:
 		m.problem(w, r, http.StatusUnprocessableEntity, ProblemKeyReused,
 			"This Idempotency-Key was used with a different request. Use a new key for a new intent.", nil)

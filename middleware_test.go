@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -181,8 +182,52 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		require.Equal(t, "1", a.header.Get("Retry-After"))
 		require.Equal(t, idem.DefaultProblemBase+idem.ProblemInProgress, a.problem(t).Type)
 
+		// Once no running request can hold it (older than MaxHold), the
+		// key waits for reconciliation: its own problem, a longer wait.
+		_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", k504)
+		require.NoError(t, err)
+		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
+		require.Equal(t, http.StatusConflict, a.status)
+		require.Equal(t, "30", a.header.Get("Retry-After"))
+		require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)
+
 		require.EqualValues(t, 4, hb.handler.calls.Load())
 	})
+}
+
+// WithRetryHints sets each Retry-After; a negative hint sends none.
+func TestMiddlewareRetryHints(t *testing.T) {
+	hb := setupHTTP(t, "table", nil, idem.WithRetryHints(idem.RetryHints{InProgress: 1500 * time.Millisecond, Pending: -1}))
+	k := newKey()
+	send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
+	a := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
+	require.Equal(t, "2", a.header.Get("Retry-After"), "rounded up to whole seconds")
+	_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", k)
+	require.NoError(t, err)
+	a = send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
+	require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)
+	require.Empty(t, a.header.Values("Retry-After"))
+}
+
+// WithFingerprint: a function that leaves out a tracking parameter makes a
+// retry with another value of it a replay, not a 422.
+func TestMiddlewareCustomFingerprint(t *testing.T) {
+	withoutTracking := func(r *http.Request, body []byte) idem.Fingerprint {
+		q := r.URL.Query()
+		q.Del("utm_source")
+		return idem.HashRequest(r.Method, r.URL.Path+"?"+q.Encode(), body)
+	}
+	hb := setupHTTP(t, "table", nil, idem.WithFingerprint(withoutTracking))
+	k := newKey()
+	first := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "a", path: "/orders?utm_source=mail"})
+	require.Equal(t, http.StatusCreated, first.status)
+	again := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "a", path: "/orders?utm_source=app"})
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+	require.Equal(t, first.body, again.body)
+	other := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "b", path: "/orders?utm_source=app"})
+	require.Equal(t, http.StatusUnprocessableEntity, other.status, "the body still counts")
+	require.EqualValues(t, 1, hb.handler.calls.Load())
 }
 
 func TestMiddlewareRefusals(t *testing.T) {
@@ -342,6 +387,7 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 	a := send(t, srv, call{user: "u", keys: []string{"k"}})
 	require.Equal(t, http.StatusServiceUnavailable, a.status)
 	require.Equal(t, idem.DefaultProblemBase+idem.ProblemServiceUnavailable, a.problem(t).Type)
+	require.Equal(t, "2", a.header.Get("Retry-After"))
 	require.NotContains(t, string(a.body), "127.0.0.1")
 	require.NotContains(t, string(a.body), "connect")
 	require.Contains(t, logs.String(), "store unavailable", "the cause goes to the log")

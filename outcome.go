@@ -3,7 +3,6 @@ package idem
 import (
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Outcome says what the guard decided for one request.
@@ -29,7 +28,8 @@ const (
 	// the work did not run.
 	OutcomeReplayed
 	// OutcomeInProgress: another execution of the key is running or its answer
-	// is unknown; the work did not run. Do returns ErrInProgress.
+	// is unknown; the work did not run. Do returns ErrInProgress, or
+	// ErrPending when the key waits for reconciliation.
 	OutcomeInProgress
 	// OutcomeKeyReused: the key was used before with a different fingerprint;
 	// the work did not run. Do returns ErrKeyReused.
@@ -59,16 +59,18 @@ func (o Outcome) Executed() bool {
 	return o == OutcomeExecuted || o == OutcomeExecutedPending || o == OutcomeExecutedReleased
 }
 
-// RetryAfter is how long a client should wait before retrying a request that
-// got ErrInProgress. The middleware sends it as "Retry-After: 1".
-const RetryAfter = time.Second
-
 // Errors returned by Guard.Do and the middleware's helpers. Compare with
 // errors.Is; returned errors may wrap them with a cause.
 var (
 	// ErrInProgress: the key is claimed and has no answer yet (HTTP 409 with
-	// Retry-After). The work did not run.
+	// Retry-After). The work did not run. ErrPending is a kind of it.
 	ErrInProgress = errors.New("idem: request in progress")
+	// ErrPending: the key's work ran longer ago than the Guard's MaxHold
+	// without a stored answer (a 5xx, a crash, an answer that could not be
+	// written): it waits for reconciliation, which can take minutes (HTTP
+	// 409, problem request-pending). errors.Is(ErrPending, ErrInProgress)
+	// is true, so code that handles ErrInProgress handles it too.
+	ErrPending error = pendingError{}
 	// ErrKeyReused: the key was first used with a different request (HTTP 422).
 	// The work did not run and the stored answer is not revealed.
 	ErrKeyReused = errors.New("idem: idempotency key reused with a different request")
@@ -82,6 +84,11 @@ var (
 	// did nothing that a retry could repeat; the key is released.
 	ErrRetrySafe = errors.New("idem: nothing happened, retry is safe")
 )
+
+type pendingError struct{}
+
+func (pendingError) Error() string        { return "idem: request pending reconciliation" }
+func (pendingError) Is(target error) bool { return target == ErrInProgress }
 
 // RequestError describes why a Request was refused before anything ran.
 type RequestError struct {

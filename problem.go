@@ -18,11 +18,12 @@ const (
 	ProblemKeyMissing         = "idempotency-key-missing" // 400
 	ProblemKeyInvalid         = "idempotency-key-invalid" // 400
 	ProblemKeyReused          = "idempotency-key-reused"  // 422
-	ProblemInProgress         = "request-in-progress"     // 409, Retry-After: 1
+	ProblemInProgress         = "request-in-progress"     // 409, Retry-After (RetryHints.InProgress)
+	ProblemPending            = "request-pending"         // 409, Retry-After (RetryHints.Pending)
 	ProblemUnauthenticated    = "unauthenticated"         // 401 (configurable)
 	ProblemBodyTooLarge       = "request-body-too-large"  // 413
 	ProblemBodyInvalid        = "request-body-invalid"    // 400
-	ProblemServiceUnavailable = "service-unavailable"     // 503
+	ProblemServiceUnavailable = "service-unavailable"     // 503, Retry-After (RetryHints.Unavailable)
 )
 
 // Problem is an RFC 9457 Problem Details object. Only Type, Title, Status and
@@ -37,7 +38,7 @@ type Problem struct {
 	// that map problems to their own catalogue.
 	Slug string `json:"-"`
 	// RetryAfter, when positive, is sent as the Retry-After header in whole
-	// seconds.
+	// seconds, rounded up.
 	RetryAfter time.Duration `json:"-"`
 	// Err is the internal cause, for logging. Never rendered.
 	Err error `json:"-"`
@@ -72,6 +73,7 @@ var problemTitles = map[string]string{
 	ProblemKeyInvalid:         "Idempotency-Key header invalid",
 	ProblemKeyReused:          "Idempotency key reused with a different request",
 	ProblemInProgress:         "A request with this idempotency key is in progress",
+	ProblemPending:            "The outcome of this idempotency key's request is not known yet",
 	ProblemUnauthenticated:    "Authentication required",
 	ProblemBodyTooLarge:       "Request body too large",
 	ProblemBodyInvalid:        "Request body could not be read",

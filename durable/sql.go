@@ -10,11 +10,8 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
 type statements struct {
-	claim, get                          string
-	complete, settle                    string
-	release, releaseInProgress          string
-	inspect, listInProgress, sweepBatch string
-	listDue, postpone                   string // reconcile.go
+	claim, get, complete, release string
+	inspect, sweepBatch           string
 }
 
 // newStatements builds the statements for the quoted, qualified table name t.
@@ -89,42 +86,17 @@ UPDATE {t} SET
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
 
-		// $1 scope, $2 key, $3 status, $4 headers, $5 body, $6 retention.
-		settle: r.Replace(`
-UPDATE {t} SET
-	response_status  = $3,
-	response_headers = $4,
-	response_body    = $5,
-	completed_at     = now()
-WHERE user_id = $1 AND key = $2
-	AND response_status IS NULL AND created_at >= now() - $6::bigint * interval '1 microsecond'`),
-
 		// $1 scope, $2 key, $3 owner, $4 retention.
 		release: r.Replace(`
 DELETE FROM {t}
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'`),
 
-		// $1 scope, $2 key, $3 retention.
-		releaseInProgress: r.Replace(`
-DELETE FROM {t}
-WHERE user_id = $1 AND key = $2
-	AND response_status IS NULL AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
-
 		// $1 scope, $2 key, $3 retention. Run only after an update or delete
 		// matched no row, to tell why.
 		inspect: r.Replace(`
 SELECT owner_token, response_status IS NOT NULL FROM {t}
 WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
-
-		// $1 retention, $2 age in microseconds, $3 limit. Served by the
-		// partial index on in-progress rows.
-		listInProgress: r.Replace(`
-SELECT {cols} FROM {t}
-WHERE response_status IS NULL AND created_at >= now() - $1::bigint * interval '1 microsecond'
-	AND created_at < now() - $2::bigint * interval '1 microsecond'
-ORDER BY created_at, user_id, key
-LIMIT $3`),
 
 		// $1 retention, $2 limit. SKIP LOCKED lets several sweepers (and
 		// a Claim taking over an expired row) run at once.
@@ -137,24 +109,5 @@ WHERE (user_id, key) IN (
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )`),
-
-		// $1 retention, $2 age in microseconds, $3 limit. Like
-		// listInProgress, without the rows postponed into the future.
-		listDue: r.Replace(`
-SELECT {cols}, reconcile_attempts FROM {t}
-WHERE response_status IS NULL AND created_at >= now() - $1::bigint * interval '1 microsecond'
-	AND created_at < now() - $2::bigint * interval '1 microsecond'
-	AND (reconcile_after IS NULL OR reconcile_after <= now())
-ORDER BY created_at, user_id, key
-LIMIT $3`),
-
-		// $1 scope, $2 key, $3 owner, $4 attempts, $5 delay in
-		// microseconds, $6 retention.
-		postpone: r.Replace(`
-UPDATE {t} SET
-	reconcile_attempts = $4,
-	reconcile_after    = now() + $5::bigint * interval '1 microsecond'
-WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND created_at >= now() - $6::bigint * interval '1 microsecond'`),
 	}
 }

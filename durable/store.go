@@ -21,8 +21,8 @@ var errContended = errors.New("row kept changing under concurrent claims and rel
 
 // Store reads and writes the idempotency table. Every method is one
 // statement, so one round trip, except where its comment says otherwise
-// (Claim under a race, the failure paths of Complete, Settle, Release and
-// ReleaseInProgress, and Sweep).
+// (Claim under a race, the failure paths of Complete and Release, and
+// Sweep).
 //
 // A Store is safe for concurrent use. Its methods never change its state;
 // [Store.WithDB] returns a copy bound to another DB, such as a transaction.
@@ -185,7 +185,7 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 	if tag.RowsAffected() > 0 {
 		return nil
 	}
-	err = s.why(ctx, op, scope, key, &owner)
+	err = s.why(ctx, op, scope, key, owner)
 	if errors.Is(err, ErrCompleted) {
 		rec, gerr := s.get(ctx, op, scope, key)
 		if gerr == nil && rec.Owner == owner && rec.Answer != nil && rec.Answer.Equal(a) {
@@ -193,29 +193,6 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 		}
 	}
 	return err
-}
-
-// Settle stores the answer of an in-progress row whoever owns it, for a
-// reconciler that found out how an abandoned request ended. It is one
-// statement when it succeeds; otherwise one more tells ErrNotFound from
-// ErrCompleted.
-func (s *Store) Settle(ctx context.Context, scope, key string, a Answer) error {
-	const op = "settle"
-	if err := checkKey(op, scope, key); err != nil {
-		return err
-	}
-	status, headers, body, err := encodeAnswer(op, a)
-	if err != nil {
-		return err
-	}
-	tag, err := s.db.Exec(ctx, s.sql.settle, scope, key, status, headers, body, s.retention)
-	if err != nil {
-		return translate(op, err)
-	}
-	if tag.RowsAffected() > 0 {
-		return nil
-	}
-	return s.why(ctx, op, scope, key, nil)
 }
 
 // Release deletes the in-progress row that owner claimed, saying "nothing
@@ -234,31 +211,12 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner Token) err
 	if tag.RowsAffected() > 0 {
 		return nil
 	}
-	return s.why(ctx, op, scope, key, &owner)
-}
-
-// ReleaseInProgress deletes an in-progress row whoever owns it, for a
-// reconciler that knows the abandoned request had no effect. It is one
-// statement when it succeeds; otherwise one more tells ErrNotFound from
-// ErrCompleted.
-func (s *Store) ReleaseInProgress(ctx context.Context, scope, key string) error {
-	const op = "release in progress"
-	if err := checkKey(op, scope, key); err != nil {
-		return err
-	}
-	tag, err := s.db.Exec(ctx, s.sql.releaseInProgress, scope, key, s.retention)
-	if err != nil {
-		return translate(op, err)
-	}
-	if tag.RowsAffected() > 0 {
-		return nil
-	}
-	return s.why(ctx, op, scope, key, nil)
+	return s.why(ctx, op, scope, key, owner)
 }
 
 // why runs after an update or delete of an in-progress row matched nothing,
-// and tells the caller why. owner is nil for the owner-less operations.
-func (s *Store) why(ctx context.Context, op, scope, key string, owner *Token) error {
+// and tells the caller why.
+func (s *Store) why(ctx context.Context, op, scope, key string, owner Token) error {
 	var (
 		got  []byte
 		done bool
@@ -269,7 +227,7 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner *Token) er
 		return &opError{op: op, kind: ErrNotFound}
 	case err != nil:
 		return translate(op, err)
-	case owner != nil && !bytes.Equal(got, owner[:]):
+	case !bytes.Equal(got, owner[:]):
 		return &opError{op: op, kind: ErrNotOwner}
 	case done:
 		return &opError{op: op, kind: ErrCompleted}
@@ -278,40 +236,6 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner *Token) er
 		// claimed since: as far as that statement could tell, not found.
 		return &opError{op: op, kind: ErrNotFound}
 	}
-}
-
-// ListInProgress returns up to limit live in-progress rows created more than
-// olderThan ago, oldest first: the candidates of a reconciler. It is one
-// statement, served by a partial index. limit must be positive and olderThan
-// not negative. [Store.ListDue] is the same list without the rows a
-// reconciler has postponed.
-func (s *Store) ListInProgress(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error) {
-	const op = "list in progress"
-	if limit < 1 {
-		return nil, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
-	}
-	if olderThan < 0 {
-		return nil, invalid(op, fmt.Sprintf("olderThan %v is negative", olderThan))
-	}
-	rows, err := s.db.Query(ctx, s.sql.listInProgress, s.retention, olderThan.Microseconds(), limit)
-	if err != nil {
-		return nil, translate(op, err)
-	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
-		return scanRecord(row)
-	})
-	if err != nil {
-		return nil, translate(op, err)
-	}
-	return recs, nil
-}
-
-// SweepBatch deletes up to limit expired rows, oldest first, in one
-// statement, and returns how many it deleted. Rows locked by another
-// transaction are skipped, so several sweepers can run at once. limit must be
-// positive.
-func (s *Store) SweepBatch(ctx context.Context, limit int) (int64, error) {
-	return s.sweepBatch(ctx, "sweep batch", limit)
 }
 
 func (s *Store) sweepBatch(ctx context.Context, op string, limit int) (int64, error) {

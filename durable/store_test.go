@@ -356,35 +356,12 @@ func TestComplete(t *testing.T) {
 	})
 }
 
-func TestSettle(t *testing.T) {
-	b := setup(t, nil)
-	p := params(t, "user-1", "key-1", "a")
-	b.claim(t, p)
-
-	answer := durable.Answer{Status: 502, Body: []byte("upstream failed")}
-	require.NoError(t, b.store.Settle(b.ctx, p.Scope, p.Key, answer))
-	rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
-	require.NoError(t, err)
-	require.Equal(t, p.Owner, rec.Owner, "the owner is kept")
-	require.Equal(t, 502, rec.Answer.Status)
-	require.Equal(t, answer.Body, rec.Answer.Body)
-
-	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, p.Key, answer), durable.ErrCompleted)
-	require.ErrorIs(t, b.store.Settle(b.ctx, p.Scope, "missing", answer), durable.ErrNotFound)
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer), "the owner finds the same answer: nothing to do")
-	other := answer
-	other.Status = 201
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
-}
-
 func TestRelease(t *testing.T) {
 	tests := []struct {
 		name string
 		// prepare returns the owner to release with.
 		prepare func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token
 		want    error // nil: released
-		// anyOwner uses ReleaseInProgress instead of Release.
-		anyOwner bool
 	}{
 		{
 			name: "by the owner",
@@ -417,42 +394,6 @@ func TestRelease(t *testing.T) {
 			},
 			want: durable.ErrNotFound,
 		},
-		{
-			name: "in progress, any owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
-				b.claim(t, p)
-				return durable.Token{}
-			},
-			anyOwner: true,
-		},
-		{
-			name: "finished, any owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
-				b.claim(t, p)
-				require.NoError(t, b.store.Settle(b.ctx, p.Scope, p.Key, durable.Answer{Status: 200}))
-				return durable.Token{}
-			},
-			anyOwner: true,
-			want:     durable.ErrCompleted,
-		},
-		{
-			name: "missing, any owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
-				return durable.Token{}
-			},
-			anyOwner: true,
-			want:     durable.ErrNotFound,
-		},
-		{
-			name: "expired, any owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
-				b.claim(t, p)
-				b.age(t, p.Scope, p.Key, "25 hours")
-				return durable.Token{}
-			},
-			anyOwner: true,
-			want:     durable.ErrNotFound,
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -461,12 +402,7 @@ func TestRelease(t *testing.T) {
 			owner := tt.prepare(t, b, p)
 			rows := b.count(t)
 
-			var err error
-			if tt.anyOwner {
-				err = b.store.ReleaseInProgress(b.ctx, p.Scope, p.Key)
-			} else {
-				err = b.store.Release(b.ctx, p.Scope, p.Key, owner)
-			}
+			err := b.store.Release(b.ctx, p.Scope, p.Key, owner)
 			if tt.want != nil {
 				require.ErrorIs(t, err, tt.want)
 				require.Equal(t, rows, b.count(t), "nothing deleted")
@@ -530,64 +466,12 @@ func TestInvalidText(t *testing.T) {
 			return err
 		},
 		"complete": func(scope, key string) error { return b.store.Complete(b.ctx, scope, key, owner, answer) },
-		"settle":   func(scope, key string) error { return b.store.Settle(b.ctx, scope, key, answer) },
 		"release":  func(scope, key string) error { return b.store.Release(b.ctx, scope, key, owner) },
-		"release in progress": func(scope, key string) error {
-			return b.store.ReleaseInProgress(b.ctx, scope, key)
-		},
 	}
 	for name, call := range calls {
 		require.ErrorIs(t, call("user-1", "key\x00"), durable.ErrInvalid, name)
 		require.ErrorIs(t, call("user\x00", "key"), durable.ErrInvalid, name)
 	}
-}
-
-func TestListInProgress(t *testing.T) {
-	b := setup(t, nil)
-	// In progress, by age.
-	for key, age := range map[string]string{"k10": "10 minutes", "k30": "30 minutes", "k20": "20 minutes"} {
-		b.claim(t, params(t, "user-1", key, "a"))
-		b.age(t, "user-1", key, age)
-	}
-	b.claim(t, params(t, "user-1", "fresh", "a"))
-	// Old but finished.
-	done := params(t, "user-1", "done", "a")
-	b.claim(t, done)
-	require.NoError(t, b.store.Complete(b.ctx, done.Scope, done.Key, done.Owner, durable.Answer{Status: 200}))
-	b.age(t, "user-1", "done", "40 minutes")
-	// In progress but expired.
-	b.claim(t, params(t, "user-1", "expired", "a"))
-	b.age(t, "user-1", "expired", "25 hours")
-
-	keys := func(recs []durable.Record) []string {
-		var out []string
-		for _, r := range recs {
-			require.True(t, r.InProgress())
-			out = append(out, r.Key)
-		}
-		return out
-	}
-	tests := []struct {
-		olderThan time.Duration
-		limit     int
-		want      []string
-	}{
-		{olderThan: 5 * time.Minute, limit: 10, want: []string{"k30", "k20", "k10"}},
-		{olderThan: 5 * time.Minute, limit: 2, want: []string{"k30", "k20"}},
-		{olderThan: 15 * time.Minute, limit: 10, want: []string{"k30", "k20"}},
-		{olderThan: time.Hour, limit: 10, want: nil},
-		{olderThan: 0, limit: 10, want: []string{"k30", "k20", "k10", "fresh"}},
-	}
-	for _, tt := range tests {
-		recs, err := b.store.ListInProgress(b.ctx, tt.olderThan, tt.limit)
-		require.NoError(t, err)
-		require.Equal(t, tt.want, keys(recs), "olderThan=%v limit=%d", tt.olderThan, tt.limit)
-	}
-
-	_, err := b.store.ListInProgress(b.ctx, time.Minute, 0)
-	require.ErrorIs(t, err, durable.ErrInvalid)
-	_, err = b.store.ListInProgress(b.ctx, -time.Minute, 1)
-	require.ErrorIs(t, err, durable.ErrInvalid)
 }
 
 func TestSweep(t *testing.T) {
@@ -619,19 +503,6 @@ FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 		n, err = b.store.Sweep(b.ctx)
 		require.NoError(t, err)
 		require.Zero(t, n)
-	})
-
-	t.Run("batch", func(t *testing.T) {
-		b := setup(t, nil)
-		seed(t, b, "expired", 150, "25 hours")
-		n, err := b.store.SweepBatch(b.ctx, 100)
-		require.NoError(t, err)
-		require.EqualValues(t, 100, n)
-		n, err = b.store.SweepBatch(b.ctx, 100)
-		require.NoError(t, err)
-		require.EqualValues(t, 50, n)
-		_, err = b.store.SweepBatch(b.ctx, 0)
-		require.ErrorIs(t, err, durable.ErrInvalid)
 	})
 
 	t.Run("cancelled", func(t *testing.T) {

@@ -219,7 +219,7 @@ var storeCases = []struct {
 		x.claim(t, b) // the same key in another scope is a new key
 		require.NoError(t, x.s.Complete(x.ctx, a.Scope, a.Key, a.Owner, answer()))
 		require.True(t, x.get(t, b.Scope, b.Key).InProgress())
-		require.NoError(t, x.s.ReleaseInProgress(x.ctx, b.Scope, b.Key))
+		require.NoError(t, x.s.Release(x.ctx, b.Scope, b.Key, b.Owner))
 		requireAnswer(t, answer(), x.get(t, a.Scope, a.Key))
 		x.notFound(t, b.Scope, b.Key)
 		x.notFound(t, "user-c", "key-1")
@@ -236,9 +236,7 @@ var storeCases = []struct {
 		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2+time.Hour)
 		x.notFound(t, p.Scope, p.Key)
 		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
-		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()), durable.ErrNotFound)
 		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
-		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key), durable.ErrNotFound)
 	}},
 
 	{"expiry/claim takes over an expired row", func(t *testing.T, x *suite) {
@@ -296,38 +294,6 @@ var storeCases = []struct {
 		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
 	}},
 
-	{"release in progress/whoever owns it, never a finished row", func(t *testing.T, x *suite) {
-		p := params(t, "user-1", "key-1", "a")
-		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key), durable.ErrNotFound)
-		x.claim(t, p)
-		require.NoError(t, x.s.ReleaseInProgress(x.ctx, p.Scope, p.Key))
-		x.notFound(t, p.Scope, p.Key)
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
-
-		q := params(t, "user-1", "key-2", "a")
-		x.claim(t, q)
-		require.NoError(t, x.s.Complete(x.ctx, q.Scope, q.Key, q.Owner, answer()))
-		require.ErrorIs(t, x.s.ReleaseInProgress(x.ctx, q.Scope, q.Key), durable.ErrCompleted)
-		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
-	}},
-
-	{"settle/stores the answer of an in-progress row whoever owns it", func(t *testing.T, x *suite) {
-		p := params(t, "user-1", "key-1", "a")
-		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()), durable.ErrNotFound)
-		x.claim(t, p)
-		require.NoError(t, x.s.Settle(x.ctx, p.Scope, p.Key, answer()))
-		rec := x.get(t, p.Scope, p.Key)
-		requireAnswer(t, answer(), rec)
-		require.Equal(t, p.Fingerprint, rec.Fingerprint)
-		retry := p
-		retry.Owner = newToken(t)
-		requireAnswer(t, answer(), x.lose(t, retry))
-
-		require.ErrorIs(t, x.s.Settle(x.ctx, p.Scope, p.Key, durable.Answer{Status: 200}), durable.ErrCompleted)
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}), durable.ErrCompleted)
-		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
-	}},
-
 	{"get/not found", func(t *testing.T, x *suite) {
 		x.notFound(t, "user-1", "key-1")
 		x.claim(t, params(t, "user-1", "key-1", "a"))
@@ -344,15 +310,11 @@ var storeCases = []struct {
 			{Status: 499, Body: bytes.Repeat([]byte{0, 1, 2, 0xfe, 0xff}, 20000)}, // 100 KB of binary
 		}
 		for i, want := range answers {
-			// Through Complete and Settle, read back by Get and by a
-			// losing Claim.
+			// Through Complete, read back by Get and by a losing Claim.
 			c := params(t, "user-1", "complete-"+string(rune('a'+i)), "a")
 			x.claim(t, c)
 			require.NoError(t, x.s.Complete(x.ctx, c.Scope, c.Key, c.Owner, want))
-			s := params(t, "user-1", "settle-"+string(rune('a'+i)), "a")
-			x.claim(t, s)
-			require.NoError(t, x.s.Settle(x.ctx, s.Scope, s.Key, want))
-			for _, p := range []durable.ClaimParams{c, s} {
+			for _, p := range []durable.ClaimParams{c} {
 				requireAnswer(t, want, x.get(t, p.Scope, p.Key))
 				retry := p
 				retry.Owner = newToken(t)

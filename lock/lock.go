@@ -203,6 +203,29 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 	return true
 }
 
+// TryLock is Obtain in the shape idem.Config.Lock takes (idem.Locker): it
+// returns the lease's release function, or nil and a nil error when another
+// caller holds the lease. The release function treats a lease already gone
+// (expired or taken over) as released.
+func (l *Locker) TryLock(ctx context.Context, scope, key string) (func(context.Context) error, error) {
+	lease, err := l.Obtain(ctx, scope, key)
+	switch {
+	case errors.Is(err, ErrNotObtained):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return lease.releaseHeld, nil
+}
+
+// releaseHeld is Release with ErrNotHeld reported as success.
+func (l *Lease) releaseHeld(ctx context.Context) error {
+	if err := l.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
+		return err
+	}
+	return nil
+}
+
 // callCtx bounds one Redis call by the Locker's Timeout.
 func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if l.cfg.Timeout <= 0 {

@@ -11,7 +11,7 @@
 //   - [Settled]: the answer is stored with [idem.Guard.Settle] and replayed to
 //     the next retry;
 //   - [NothingHappened]: the key is released with [idem.Guard.Release]; the
-//     next retry runs the work;
+//     next retry runs the work, as a new intent;
 //   - [Unknown] (or an error, a panic, a timeout): the key is tried again
 //     later, with exponential backoff kept in the database, so that it
 //     survives restarts and changes of the instance that reconciles.
@@ -23,7 +23,7 @@
 // A key that changed while the ResolveFunc worked (its request finished, was
 // released, or expired and was claimed anew) is skipped: the decision is
 // about the intent that was listed, and it is applied only to that claim's
-// owner token (Guard.SettleOwned, ReleaseOwned), in the same statement. Every
+// owner token, the intent (Guard.Settle, Guard.Release), in the same statement. Every
 // execution holds a row in both strategies, so a process that dies mid-work,
 // in either, leaves an in-progress row for the Reconciler: its retries get
 // 409 until the ResolveFunc has said what happened.
@@ -133,21 +133,23 @@ type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 // serves the requests, so that its stats, logs and metrics see the
 // reconciler's actions.
 type Guard interface {
-	SettleOwned(ctx context.Context, scope, key string, owner durable.Token, resp idem.Response) error
-	ReleaseOwned(ctx context.Context, scope, key string, owner durable.Token) error
+	Settle(ctx context.Context, scope, key string, intent idem.IntentID, resp idem.Response) error
+	Release(ctx context.Context, scope, key string, intent idem.IntentID) error
 	// MaxHold is the longest a running request keeps its key in progress.
 	MaxHold() time.Duration
 }
 
-// Store is what a Reconciler needs from the durable store, besides the
-// Guard's calls. *durable.Store satisfies it: pass the store the Guard uses.
+// Store names the idempotency table a Reconciler works on. *durable.Store
+// satisfies it: pass the store the Guard uses. The Reconciler lists due keys
+// and keeps their backoff with its own statements on that table (the
+// columns of migration 0002), and settles or releases them through the
+// Guard.
 type Store interface {
-	// ListDue lists due in-progress rows older than olderThan, oldest first.
-	ListDue(ctx context.Context, olderThan time.Duration, limit int) ([]durable.DueRecord, error)
-	// Postpone records a failed attempt and hides the row for delay.
-	Postpone(ctx context.Context, scope, key string, owner durable.Token, attempts int, delay time.Duration) error
-	// Table names the table; the advisory lock is derived from it.
+	// Table is the quoted, qualified table name; the advisory lock is
+	// derived from it.
 	Table() string
+	// Retention is how long a key lives: expired keys are not reconciled.
+	Retention() time.Duration
 }
 
 // ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
@@ -235,6 +237,7 @@ type Reconciler struct {
 	resolve ResolveFunc
 	cfg     Config
 	key     int64
+	rows    rows
 	loop    periodic.Runner
 }
 
@@ -304,6 +307,7 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 		resolve: resolve,
 		cfg:     c,
 		key:     advisory.Key("idem:reconcile:" + store.Table()),
+		rows:    newRows(store),
 	}, nil
 }
 
@@ -335,8 +339,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
-	ran, err := advisory.Do(ctx, r.pool, r.key, func(ctx context.Context, _ *pgxpool.Conn) error {
-		return r.run(ctx, &res)
+	ran, err := advisory.Do(ctx, r.pool, r.key, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return r.run(ctx, conn, &res)
 	})
 	took := time.Since(start)
 	if !ran && err == nil {
@@ -351,7 +355,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	return res, err
 }
 
-func (r *Reconciler) run(ctx context.Context, res *Result) error {
+// run lists and handles due keys on conn, the connection that holds the
+// reconcile lock.
+func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) error {
 	type ident struct {
 		scope, key string
 		owner      durable.Token
@@ -359,7 +365,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 	seen := make(map[ident]bool)
 	for {
 		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
-		due, err := r.store.ListDue(lctx, r.cfg.MinAge, r.cfg.BatchSize)
+		due, err := r.rows.due(lctx, conn, r.cfg.MinAge, r.cfg.BatchSize)
 		cancel()
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -378,7 +384,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 			}
 			seen[id] = true
 			progress = true
-			r.handle(ctx, d, res)
+			r.handle(ctx, conn, d, res)
 		}
 		if len(due) < r.cfg.BatchSize || !progress {
 			return ctx.Err()
@@ -387,7 +393,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 }
 
 // handle resolves one key and applies the decision, counting it in res.
-func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Result) {
+func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d due, res *Result) {
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
 		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
@@ -406,21 +412,21 @@ func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Resul
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile resolver failed; the key stays in progress",
 			slog.Int("attempts", it.Attempts), slog.Any("error", err))
-		if r.postpone(sctx, log, d, res) {
+		if r.postpone(sctx, conn, log, d, res) {
 			res.Errors++
 		}
 		return
 	}
 	switch dec.Verdict {
 	case Unknown:
-		if r.postpone(sctx, log, d, res) {
+		if r.postpone(sctx, conn, log, d, res) {
 			res.Unknown++
 		}
 	case Settled, NothingHappened:
 		if dec.Verdict == Settled {
-			err = r.guard.SettleOwned(sctx, d.Scope, d.Key, d.Owner, dec.Response)
+			err = r.guard.Settle(sctx, d.Scope, d.Key, it.Intent, dec.Response)
 		} else {
-			err = r.guard.ReleaseOwned(sctx, d.Scope, d.Key, d.Owner)
+			err = r.guard.Release(sctx, d.Scope, d.Key, it.Intent)
 		}
 		switch {
 		case gone(err):
@@ -432,7 +438,7 @@ func (r *Reconciler) handle(ctx context.Context, d durable.DueRecord, res *Resul
 			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not apply its decision; the key stays in progress",
 				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
 			// A failing call must not be retried at every run: back off.
-			r.postpone(sctx, log, d, &Result{})
+			r.postpone(sctx, conn, log, d, &Result{})
 		case dec.Verdict == Settled:
 			res.Settled++
 			log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile settled a key",
@@ -475,10 +481,10 @@ func (d Decision) validate() error {
 // postpone records one more failed attempt and hides the key for its
 // backoff. It reports whether the key was postponed; otherwise it has counted
 // the key in res (skipped or error).
-func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.DueRecord, res *Result) bool {
+func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d due, res *Result) bool {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
-	err := r.store.Postpone(ctx, d.Scope, d.Key, d.Owner, attempts, delay)
+	err := r.rows.postponeKey(ctx, conn, d, attempts, delay)
 	switch {
 	case gone(err):
 		res.Skipped++
@@ -529,7 +535,8 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 // gone reports whether err says that the key is no longer the in-progress
 // row that was listed: a normal race, not a failure.
 func gone(err error) bool {
-	return errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrNotOwner)
+	return errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) ||
+		errors.Is(err, durable.ErrNotOwner) || errors.Is(err, errGone)
 }
 
 // keyHash is the Guard's, so lines of both can be matched.

@@ -284,12 +284,14 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 	// Every killed request left its durable row in progress.
 	store, err := durable.New(pool, &durable.Config{Schema: schema})
 	require.NoError(t, err)
-	left, err := store.ListDue(ctx, 0, 100)
-	require.NoError(t, err)
-	require.Len(t, left, len(intents), "every killed execution left an in-progress row")
 	killedOwners := map[durable.Token]bool{}
-	for _, d := range left {
-		killedOwners[d.Owner] = true
+	killedOwnerOf := map[string]durable.Token{} // by key
+	for _, in := range intents {
+		rec, err := store.Get(ctx, in.user, in.key)
+		require.NoError(t, err, "every killed execution left its row")
+		require.True(t, rec.InProgress(), "every killed execution left its row in progress")
+		killedOwners[rec.Owner] = true
+		killedOwnerOf[in.key] = rec.Owner
 	}
 
 	// Process B, on the same schema (and Redis).
@@ -435,12 +437,7 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 		if in.charged {
 			want = reconcile.Settled
 		}
-		var killedOwner durable.Token
-		for _, d := range left {
-			if d.Scope == in.user && d.Key == in.key {
-				killedOwner = d.Owner
-			}
-		}
+		killedOwner := killedOwnerOf[in.key]
 		recMu.Lock()
 		got, ok := recVisited[killedOwner]
 		recMu.Unlock()

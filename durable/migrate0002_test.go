@@ -1,0 +1,49 @@
+package durable_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/migrations"
+)
+
+// TestMigration0002AsIs applies the reconcile columns the way golang-migrate
+// would, on top of 0001, down and up again.
+func TestMigration0002AsIs(t *testing.T) {
+	b := setupMigrate(t)
+	_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
+	require.NoError(t, err)
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, "SET search_path TO "+b.schema)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path") }()
+
+	for _, name := range []string{
+		"0001_create_idempotency_keys.up.sql",
+		"0002_add_reconcile_columns.up.sql",
+		"0002_add_reconcile_columns.down.sql",
+		"0002_add_reconcile_columns.up.sql",
+	} {
+		sql, err := migrations.FS.ReadFile(name)
+		require.NoError(t, err)
+		_, err = conn.Exec(b.ctx, string(sql))
+		require.NoError(t, err, name)
+	}
+	store, err := durable.New(conn.Conn(), nil)
+	require.NoError(t, err)
+	p := params(t, "user-1", "key-1", "a")
+	_, claimed, err := store.Claim(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, claimed)
+	// The reconciler's columns are there, with their defaults.
+	var attempts int
+	var after *string
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT reconcile_attempts, reconcile_after::text FROM idempotency_keys`).Scan(&attempts, &after))
+	require.Zero(t, attempts)
+	require.Nil(t, after)
+}
