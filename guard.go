@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -66,6 +67,17 @@ type Locker interface {
 	// without a lease) or ctx ended. release reports an error only when it
 	// could not reach the service; a lease already gone is not one.
 	TryLock(ctx context.Context, scope, key string) (release func(context.Context) error, err error)
+}
+
+// Waiter wakes a request that waits for a key's answer instead of being
+// refused with 409 (see WaitFor). *durable.Listener implements it, over
+// PostgreSQL LISTEN/NOTIFY.
+type Waiter interface {
+	// Subscribe returns a channel that receives when the answer of (scope,
+	// key) may have been stored or the key released, and a function that
+	// ends the subscription. Wake-ups may be spurious: the guard reads the
+	// key again after each.
+	Subscribe(scope, key string) (wake <-chan struct{}, cancel func())
 }
 
 // Config tunes a Guard. A nil *Config is valid: the table strategy with every
@@ -117,12 +129,23 @@ type Config struct {
 	CacheSize int
 	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
 	CacheTTL time.Duration
+	// Waiter, when set, lets requests that find their key in progress wait
+	// for its answer (WaitFor, WithWait) instead of being refused with 409.
+	// The store must announce answers (durable.Config.Notify) on every
+	// instance. Defaults to nil: no request waits.
+	Waiter Waiter
+	// MaxWaiters bounds how many requests wait at once on this Guard, so
+	// that a retry storm on a slow key cannot pile up; past it a request is
+	// refused with 409 at once, as without waiting. Waiters hold no
+	// database connection. Defaults to 1024.
+	MaxWaiters int
 }
 
 const (
 	defaultStoreTimeout = 5 * time.Second
 	defaultWorkTimeout  = 20 * time.Second
 	defaultCacheTTL     = time.Minute
+	defaultMaxWaiters   = 1024
 	// cacheSkew is subtracted from a key's expiry in the store when caching
 	// its answer, to absorb skew between the database and local clocks.
 	cacheSkew = time.Minute
@@ -148,6 +171,9 @@ type Guard struct {
 	retention    time.Duration // the store's: bounds cache entries and MaxHold
 	cache        *answerCache  // nil without Config.CacheSize
 	tel          telemetry
+	waiter       Waiter
+	maxWaiters   int64
+	waiting      atomic.Int64
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -186,6 +212,12 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	if c.CacheTTL == 0 {
 		c.CacheTTL = defaultCacheTTL
 	}
+	if c.MaxWaiters < 0 {
+		return nil, fmt.Errorf("idem: Config.MaxWaiters %d must not be negative", c.MaxWaiters)
+	}
+	if c.MaxWaiters == 0 {
+		c.MaxWaiters = defaultMaxWaiters
+	}
 	g := &Guard{
 		store:        store,
 		lock:         c.Lock,
@@ -194,6 +226,8 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		storeTimeout: c.StoreTimeout,
 		log:          c.Logger,
 		retention:    store.Retention(),
+		waiter:       c.Waiter,
+		maxWaiters:   int64(c.MaxWaiters),
 	}
 	if hold := g.MaxHold(); g.retention <= hold {
 		return nil, fmt.Errorf("idem: the store's retention %v must be longer than the Guard's MaxHold %v (Config.WorkTimeout %v + store calls), or a running key could expire and be claimed again",
@@ -238,13 +272,42 @@ func (g *Guard) Strategy() Strategy {
 // If work panics, the key stays in progress (the panic may have come after
 // a side effect) unless the work called MarkRetrySafe first, and the panic
 // continues.
-func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+func (g *Guard) Do(ctx context.Context, req Request, work Work, opts ...DoOption) (Response, Outcome, error) {
 	if err := req.validate(); err != nil {
 		return Response{}, OutcomeNone, err
 	}
 	if work == nil {
 		return Response{}, OutcomeNone, errors.New("idem: nil work")
 	}
+	var o doOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	resp, out, err := g.do(ctx, req, work)
+	if out == OutcomeInProgress && o.wait > 0 && g.waiter != nil && !errors.Is(err, ErrPending) {
+		return g.wait(ctx, req, work, o.wait, err)
+	}
+	return resp, out, err
+}
+
+// DoOption changes how one call of Do behaves.
+type DoOption func(*doOptions)
+
+type doOptions struct {
+	wait time.Duration
+}
+
+// WaitFor lets a request that finds its key in progress wait up to d for the
+// running request's answer, woken by the Guard's Waiter (Config.Waiter), and
+// replay it; if the key is released meanwhile, the request runs the work
+// itself. After d, or when Config.MaxWaiters requests already wait, it is
+// refused with ErrInProgress as without waiting. A key waiting for
+// reconciliation (ErrPending) is never waited for. Without a Waiter, WaitFor
+// does nothing.
+func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d } }
+
+// do is one decision: the cache, then the strategy.
+func (g *Guard) do(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	if g.cache != nil {
 		if e, ok := g.cache.get(req); ok {
 			if e.fp != req.Fingerprint {
@@ -260,6 +323,37 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outco
 		return g.doHybrid(ctx, req, work)
 	}
 	return g.claimAndRun(ctx, req, work, nil)
+}
+
+// wait subscribes to the key, then decides again after every wake-up until
+// the key is no longer running, d has passed or ctx has ended. Subscribing
+// before deciding again means no announcement can fall between the two.
+func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duration, refusal error) (Response, Outcome, error) {
+	if g.waiting.Add(1) > g.maxWaiters {
+		g.waiting.Add(-1)
+		g.tel.add(ctx, evWaitRefused)
+		return Response{}, OutcomeInProgress, refusal
+	}
+	defer g.waiting.Add(-1)
+	wake, cancel := g.waiter.Subscribe(req.Scope, req.Key)
+	defer cancel()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		resp, out, err := g.do(ctx, req, work)
+		if out != OutcomeInProgress || errors.Is(err, ErrPending) {
+			g.tel.add(ctx, evWaited)
+			return resp, out, err
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			g.tel.add(ctx, evWaitTimeout)
+			return resp, out, err
+		case <-ctx.Done():
+			return resp, out, err
+		}
+	}
 }
 
 // decide answers a request whose key already has a row: a different

@@ -39,8 +39,10 @@ type bundle struct {
 }
 
 type setupOpts struct {
-	cfg   idem.Config
-	store func(idem.Store) idem.Store // wraps the store, for fault injection
+	cfg    idem.Config
+	store  func(idem.Store) idem.Store   // wraps the store, for fault injection
+	wait   bool                          // the store announces answers; a Listener is the Guard's Waiter
+	waiter func(idem.Waiter) idem.Waiter // wraps the Listener
 }
 
 func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
@@ -49,8 +51,17 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 	for _, f := range opts {
 		f(&o)
 	}
-	store, pool := testdb.Store(t, nil)
+	store, pool := testdb.Store(t, &durable.Config{Notify: o.wait})
 	b := bundle{store: store, pool: pool}
+	if o.wait {
+		l, err := durable.NewListener(t.Context(), store, pool, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		o.cfg.Waiter = l
+		if o.waiter != nil {
+			o.cfg.Waiter = o.waiter(l)
+		}
+	}
 	switch strategy {
 	case "table":
 	case "hybrid":

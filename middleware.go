@@ -143,6 +143,12 @@ type FingerprintFunc func(r *http.Request, body []byte) Fingerprint
 // what does not change the intent.
 func WithFingerprint(fn FingerprintFunc) Option { return func(m *middleware) { m.fingerprint = fn } }
 
+// WithWait lets a retry that finds its key in progress wait up to d for the
+// running request's answer and replay it, instead of being refused with 409
+// (see WaitFor; the Guard needs a Config.Waiter). Keep d below the client's
+// own timeout. Defaults to 0: no waiting.
+func WithWait(d time.Duration) Option { return func(m *middleware) { m.wait = d } }
+
 // WithProblemBase sets the URI that problem type slugs are appended to.
 // Defaults to DefaultProblemBase.
 func WithProblemBase(base string) Option { return func(m *middleware) { m.base = base } }
@@ -175,6 +181,8 @@ type middleware struct {
 	challenge   string
 	retry       RetryHints
 	fingerprint FingerprintFunc
+	wait        time.Duration
+	doOpts      []DoOption // built once from wait
 }
 
 // Middleware returns net/http middleware (usable with http.ServeMux, chi and
@@ -219,6 +227,9 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 	WithStoredHeaders(DefaultStoredHeaders()...)(&base)
 	for _, o := range opts {
 		o(&base)
+	}
+	if base.wait > 0 {
+		base.doOpts = []DoOption{WaitFor(base.wait)}
 	}
 	return func(next http.Handler) http.Handler {
 		m := base
@@ -316,7 +327,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r2.ContentLength = int64(len(body))
 		m.next.ServeHTTP(rec, r2)
 		return rec.result()
-	})
+	}, m.doOpts...)
 	switch out {
 	case OutcomeExecuted, OutcomeExecutedPending, OutcomeExecutedReleased:
 		// Already written through to the client by the recorder.

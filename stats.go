@@ -31,6 +31,9 @@ type Stats struct {
 	AnswerMismatches uint64 // work that returned an answer other than the one it completed through Complete
 	Overruns         uint64 // work that returned more than a second after its deadline
 	CacheHits        uint64 // answers served by the local cache, without a round trip
+	Waited           uint64 // requests that waited for a running key and got its outcome
+	WaitTimeouts     uint64 // requests that waited for a running key until their bound, then got 409
+	WaitsRefused     uint64 // requests refused a wait because Config.MaxWaiters already waited
 }
 
 // event is something the Guard counts, in Stats and as a metric.
@@ -52,6 +55,9 @@ const (
 	evAnswerMismatch
 	evOverrun
 	evCacheHit
+	evWaited
+	evWaitTimeout
+	evWaitRefused
 	numEvents
 )
 
@@ -61,7 +67,7 @@ var eventNames = [numEvents]string{
 	evKeyMissing: "key_missing", evKeyInvalid: "key_invalid", evSettled: "settled",
 	evFallback: "fallback", evStoreError: "store_error",
 	evDoubleExecution: "double_execution", evAnswerMismatch: "answer_mismatch", evOverrun: "overrun",
-	evCacheHit: "cache_hit",
+	evCacheHit: "cache_hit", evWaited: "waited", evWaitTimeout: "wait_timeout", evWaitRefused: "wait_refused",
 }
 
 // phase is a timed step of the guard's own work.
@@ -157,6 +163,7 @@ func (g *Guard) Stats() Stats {
 		Settled: c[evSettled].Load(), Fallbacks: c[evFallback].Load(), StoreErrors: c[evStoreError].Load(),
 		DoubleExecutions: c[evDoubleExecution].Load(), AnswerMismatches: c[evAnswerMismatch].Load(),
 		Overruns: c[evOverrun].Load(), CacheHits: c[evCacheHit].Load(),
+		Waited: c[evWaited].Load(), WaitTimeouts: c[evWaitTimeout].Load(), WaitsRefused: c[evWaitRefused].Load(),
 	}
 }
 

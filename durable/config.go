@@ -59,6 +59,19 @@ type Config struct {
 	//
 	// Defaults to 1000.
 	SweepBatchSize int
+
+	// Notify makes Complete and Release announce the key on the table's
+	// notification channel (pg_notify, in the same statement, so at the
+	// writer's commit), for a [Listener] to wake the requests that wait for
+	// the key's answer. Every instance that writes the table must set it
+	// for waiting to work; an instance without it only leaves waiters to
+	// their timeout.
+	//
+	// WARNING: PostgreSQL serialises the commits of transactions that
+	// notify; measure the write rate you need (bench: BenchmarkNotifyCost).
+	//
+	// Defaults to false.
+	Notify bool
 }
 
 // Validate reports whether cfg (nil is valid) would be accepted by New and

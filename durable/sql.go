@@ -11,6 +11,7 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 // table. Each is one round trip.
 type statements struct {
 	claim, get, complete, release string
+	completeNotify, releaseNotify string
 	inspect, sweepBatch           string
 }
 
@@ -85,6 +86,30 @@ UPDATE {t} SET
 	completed_at     = now()
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
+
+		// complete, announcing the key when it wrote: $8 channel, $9 tag.
+		completeNotify: r.Replace(`
+WITH u AS (
+	UPDATE {t} SET
+		response_status  = $4,
+		response_headers = $5,
+		response_body    = $6,
+		completed_at     = now()
+	WHERE user_id = $1 AND key = $2 AND owner_token = $3
+		AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'
+	RETURNING 1
+)
+SELECT pg_notify($8, $9) FROM u`),
+
+		// release, announcing the key when it deleted: $5 channel, $6 tag.
+		releaseNotify: r.Replace(`
+WITH d AS (
+	DELETE FROM {t}
+	WHERE user_id = $1 AND key = $2 AND owner_token = $3
+		AND response_status IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'
+	RETURNING 1
+)
+SELECT pg_notify($5, $6) FROM d`),
 
 		// $1 scope, $2 key, $3 owner, $4 retention.
 		release: r.Replace(`

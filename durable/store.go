@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // claimAttempts bounds the claim statement plus Get fallback loop of Claim.
@@ -32,6 +33,7 @@ type Store struct {
 	table     string // quoted and qualified
 	retention int64  // cfg.Retention in microseconds
 	sql       *statements
+	channel   string // the table's notification channel (Config.Notify, Listener)
 }
 
 // New returns a Store that runs its statements through db. A nil cfg gives
@@ -52,6 +54,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 		table:     table,
 		retention: c.Retention.Microseconds(),
 		sql:       newStatements(table),
+		channel:   channelOf(table),
 	}, nil
 }
 
@@ -178,7 +181,13 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 	if err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.sql.complete, scope, key, owner[:], status, headers, body, s.retention)
+	var tag pgconn.CommandTag
+	if s.cfg.Notify {
+		tag, err = s.db.Exec(ctx, s.sql.completeNotify, scope, key, owner[:], status, headers, body, s.retention,
+			s.channel, keyTag(scope, key))
+	} else {
+		tag, err = s.db.Exec(ctx, s.sql.complete, scope, key, owner[:], status, headers, body, s.retention)
+	}
 	if err != nil {
 		return translate(op, err)
 	}
@@ -204,7 +213,15 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner Token) err
 	if err := checkKey(op, scope, key); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.sql.release, scope, key, owner[:], s.retention)
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if s.cfg.Notify {
+		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.retention, s.channel, keyTag(scope, key))
+	} else {
+		tag, err = s.db.Exec(ctx, s.sql.release, scope, key, owner[:], s.retention)
+	}
 	if err != nil {
 		return translate(op, err)
 	}

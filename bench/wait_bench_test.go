@@ -1,0 +1,109 @@
+package main_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
+)
+
+// BenchmarkNotifyCost measures what announcing answers (durable.Config.Notify,
+// needed for waiting) costs a first execution's writes: claim + complete, with
+// and without the pg_notify in the complete statement, closed loop at 8 and 32
+// callers, in executions per second.
+//
+//	go test -run '^$' -bench NotifyCost -benchtime 2s -count 3 ./bench
+func BenchmarkNotifyCost(b *testing.B) {
+	for _, notify := range []bool{false, true} {
+		for _, conc := range []int{8, 32} {
+			b.Run(fmt.Sprintf("notify=%v/conc=%d", notify, conc), func(b *testing.B) {
+				store, _ := testdb.Store(b, &durable.Config{Notify: notify})
+				s := store.WithDB(commitPool(b, conc, "on"))
+				run := rand.Text()[:8]
+				var seq atomic.Int64
+				b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					a := durable.Answer(answer)
+					for pb.Next() {
+						p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
+							Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
+						if _, ok, err := s.Claim(b.Context(), p); err != nil || !ok {
+							b.Fatalf("claim: %v %v", ok, err)
+						}
+						if err := s.Complete(b.Context(), p.Scope, p.Key, p.Owner, a); err != nil {
+							b.Fatalf("complete: %v", err)
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "execs/s")
+			})
+		}
+	}
+}
+
+// BenchmarkWaitLatency measures how long a retry that arrives 10ms into a
+// 50ms execution takes to get the answer: waiting (WaitFor, woken by the
+// announcement) against being refused with 409 and coming back after
+// Retry-After (1s), as an obedient client does. Reported as ms-to-answer;
+// each op is one such retry. Table strategy, real PostgreSQL.
+//
+//	go test -run '^$' -bench WaitLatency -benchtime 20x ./bench
+func BenchmarkWaitLatency(b *testing.B) {
+	const (
+		workTime = 50 * time.Millisecond
+		arrive   = 10 * time.Millisecond
+	)
+	for _, mode := range []string{"wait", "retry-after"} {
+		b.Run("mode="+mode, func(b *testing.B) {
+			store, pool := testdb.Store(b, &durable.Config{Notify: true})
+			l, err := durable.NewListener(b.Context(), store, pool, discard)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = l.Close() })
+			g, err := idem.New(store, &idem.Config{Logger: discard, Waiter: l})
+			if err != nil {
+				b.Fatal(err)
+			}
+			slow := func(ctx context.Context) (idem.Response, error) {
+				time.Sleep(workTime)
+				return answer, nil
+			}
+			var total time.Duration
+			i := 0
+			for b.Loop() {
+				i++
+				req := request(mode + "-" + rand.Text()[:8] + strconv.Itoa(i))
+				var wg sync.WaitGroup
+				wg.Go(func() { _, _, _ = g.Do(context.Background(), req, slow) })
+				time.Sleep(arrive)
+				start := time.Now()
+				for {
+					var out idem.Outcome
+					if mode == "wait" {
+						_, out, _ = g.Do(context.Background(), req, work, idem.WaitFor(5*time.Second))
+					} else {
+						_, out, _ = g.Do(context.Background(), req, work)
+					}
+					if out != idem.OutcomeInProgress {
+						break
+					}
+					time.Sleep(idem.DefaultRetryInProgress)
+				}
+				total += time.Since(start)
+				wg.Wait()
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(i), "ms-to-answer")
+		})
+	}
+}

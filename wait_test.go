@@ -1,0 +1,221 @@
+package idem_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+)
+
+func withWait(o *setupOpts) { o.wait = true }
+
+// gate is a Work that blocks until opened, then answers resp.
+type gate struct {
+	started chan struct{}
+	open    chan struct{}
+	resp    idem.Response
+	runs    counter
+}
+
+func newGate(resp idem.Response) *gate {
+	return &gate{started: make(chan struct{}), open: make(chan struct{}), resp: resp}
+}
+
+func (g *gate) work(ctx context.Context) (idem.Response, error) {
+	g.runs.n.Add(1)
+	close(g.started)
+	<-g.open
+	return g.resp, nil
+}
+
+// A retry that finds its key running waits, woken by the answer's
+// announcement, and replays it; the work runs once.
+func TestWaitReplaysTheRunningAnswer(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy, withWait)
+		ctx := context.Background()
+		r := req("u", newKey(), "x")
+		g := newGate(created("waited-for"))
+		var first idem.Response
+		var wg sync.WaitGroup
+		wg.Go(func() { first, _, _ = b.guard.Do(ctx, r, g.work) })
+		<-g.started
+
+		type result struct {
+			resp idem.Response
+			out  idem.Outcome
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+			done <- result{resp, out, err}
+		}()
+		select {
+		case res := <-done:
+			t.Fatalf("the retry did not wait: %v %v", res.out, res.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(g.open)
+		res := <-done
+		wg.Wait()
+		require.NoError(t, res.err)
+		require.Equal(t, idem.OutcomeReplayed, res.out)
+		require.Equal(t, first.Header.Get("Location"), res.resp.Header.Get("Location"))
+		require.EqualValues(t, 1, g.runs.n.Load())
+		require.EqualValues(t, 1, b.guard.Stats().Waited)
+	})
+}
+
+// The wait is bounded: past it, the retry is refused with 409 as without
+// waiting, no earlier than the bound.
+func TestWaitIsBounded(t *testing.T) {
+	b := setup(t, "table", withWait)
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	g := newGate(created("slow"))
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, g.work) })
+	defer wg.Wait()
+	defer close(g.open)
+	<-g.started
+	start := time.Now()
+	_, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(200*time.Millisecond))
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Equal(t, idem.OutcomeInProgress, out)
+	require.EqualValues(t, 1, b.guard.Stats().WaitTimeouts)
+}
+
+// signalWaiter tells when a request has subscribed, that is, waits.
+type signalWaiter struct {
+	idem.Waiter
+	subscribed chan struct{}
+}
+
+func (w signalWaiter) Subscribe(scope, key string) (<-chan struct{}, func()) {
+	wake, cancel := w.Waiter.Subscribe(scope, key)
+	w.subscribed <- struct{}{}
+	return wake, cancel
+}
+
+// At most MaxWaiters wait; the next is refused at once.
+func TestWaitersAreBounded(t *testing.T) {
+	subscribed := make(chan struct{}, 8)
+	b := setup(t, "table", withWait, func(o *setupOpts) {
+		o.cfg.MaxWaiters = 1
+		o.waiter = func(w idem.Waiter) idem.Waiter { return signalWaiter{w, subscribed} }
+	})
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	g := newGate(created("slow"))
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, g.work) })
+	<-g.started
+	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second)) })
+	<-subscribed // the one slot is taken
+
+	start := time.Now()
+	_, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+	require.Less(t, time.Since(start), 5*time.Second, "refused at once, not after its wait")
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Equal(t, idem.OutcomeInProgress, out)
+	require.EqualValues(t, 1, b.guard.Stats().WaitsRefused)
+	require.Empty(t, subscribed, "the refused request never subscribed")
+	close(g.open)
+	wg.Wait()
+	require.EqualValues(t, 1, b.guard.Stats().Waited)
+}
+
+// The running request says nothing happened (429): the waiter, woken by
+// the release, runs the work itself.
+func TestWaiterRunsAReleasedKey(t *testing.T) {
+	b := setup(t, "hybrid-miniredis", withWait)
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	g := newGate(idem.Response{Status: http.StatusTooManyRequests})
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, g.work) })
+	<-g.started
+	done := make(chan idem.Outcome, 1)
+	w := &counter{resp: created("mine")}
+	go func() {
+		_, out, _ := b.guard.Do(ctx, r, w.work, idem.WaitFor(10*time.Second))
+		done <- out
+	}()
+	time.Sleep(50 * time.Millisecond)
+	close(g.open)
+	wg.Wait()
+	require.Equal(t, idem.OutcomeExecuted, <-done)
+	require.EqualValues(t, 1, w.n.Load())
+}
+
+// A key waiting for reconciliation is not waited for: its answer is minutes
+// away.
+func TestNoWaitForPendingKeys(t *testing.T) {
+	b := setup(t, "table", withWait)
+	ctx := context.Background()
+	r := req("u", newKey(), "x")
+	_, out, _ := b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
+	require.Equal(t, idem.OutcomeExecutedPending, out)
+	_, err := b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", r.Key)
+	require.NoError(t, err)
+	start := time.Now()
+	_, out, err = b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.ErrorIs(t, err, idem.ErrPending)
+	require.Equal(t, idem.OutcomeInProgress, out)
+	require.Zero(t, b.guard.Stats().WaitTimeouts+b.guard.Stats().Waited)
+}
+
+// Over HTTP: WithWait turns the 409 into the replayed answer.
+func TestMiddlewareWait(t *testing.T) {
+	started, open := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := &orderHandler{}
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(started); <-open })
+		h.ServeHTTP(w, r)
+	})
+	b := setup(t, "table", withWait)
+	srv := httptest.NewServer(b.guard.Middleware(bearerScope, idem.WithWait(10*time.Second))(slow))
+	t.Cleanup(srv.Close)
+	k := newKey()
+	post := func(out chan<- *http.Response) {
+		r, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("a"))
+		r.Header.Set("Authorization", "Bearer u")
+		r.Header.Set(idem.HeaderKey, k)
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			out <- nil
+			return
+		}
+		out <- resp
+	}
+	firstDone, retryDone := make(chan *http.Response, 1), make(chan *http.Response, 1)
+	go post(firstDone)
+	<-started
+	go post(retryDone)
+	time.Sleep(50 * time.Millisecond)
+	close(open)
+	first, retry := <-firstDone, <-retryDone
+	require.NotNil(t, first)
+	require.NotNil(t, retry)
+	defer first.Body.Close()
+	defer retry.Body.Close()
+	fb, _ := io.ReadAll(first.Body)
+	rb, _ := io.ReadAll(retry.Body)
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	require.Equal(t, http.StatusCreated, retry.StatusCode)
+	require.Equal(t, "true", retry.Header.Get(idem.HeaderReplayed))
+	require.Equal(t, fb, rb)
+	require.EqualValues(t, 1, h.calls.Load())
+}
