@@ -6,24 +6,20 @@ package idem_test
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/idemtest"
 )
 
 func FuzzParseKey(f *testing.F) {
@@ -110,111 +106,6 @@ func FuzzHashRequest(f *testing.F) {
 	})
 }
 
-// memStore is an in-memory idem.Store for the fuzzer. It stores headers as
-// JSON, the way durable stores them in a jsonb column, so that what it gives
-// back is what a real store gives back.
-type memStore struct {
-	mu   sync.Mutex
-	rows map[[2]string]*memRow
-}
-
-type memRow struct {
-	fp      durable.Fingerprint
-	owner   durable.Token
-	status  int
-	headers []byte
-	body    []byte
-}
-
-func newMemStore() *memStore { return &memStore{rows: map[[2]string]*memRow{}} }
-
-func (s *memStore) record(scope, key string, r *memRow) durable.Record {
-	rec := durable.Record{Scope: scope, Key: key, Fingerprint: r.fp, Owner: r.owner}
-	if r.status != 0 {
-		a := &durable.Answer{Status: r.status, Header: http.Header{}, Body: bytes.Clone(r.body)}
-		if err := json.Unmarshal(r.headers, &a.Header); err != nil {
-			panic(err)
-		}
-		rec.Answer = a
-	}
-	return rec
-}
-
-func (s *memStore) set(r *memRow, a durable.Answer) error {
-	if a.Status < 100 || a.Status > 599 {
-		return durable.ErrInvalid
-	}
-	h := a.Header
-	if h == nil {
-		h = http.Header{}
-	}
-	enc, err := json.Marshal(h)
-	if err != nil {
-		return err
-	}
-	r.status, r.headers, r.body = a.Status, enc, bytes.Clone(a.Body)
-	return nil
-}
-
-func (s *memStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := [2]string{p.Scope, p.Key}
-	if r, ok := s.rows[k]; ok {
-		return s.record(p.Scope, p.Key, r), false, nil
-	}
-	r := &memRow{fp: p.Fingerprint, owner: p.Owner}
-	s.rows[k] = r
-	return s.record(p.Scope, p.Key, r), true, nil
-}
-
-func (s *memStore) Get(_ context.Context, scope, key string) (durable.Record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.rows[[2]string{scope, key}]
-	if !ok {
-		return durable.Record{}, durable.ErrNotFound
-	}
-	return s.record(scope, key, r), nil
-}
-
-// Retention: rows of this store never expire within a fuzz run.
-func (s *memStore) Retention() time.Duration { return 24 * time.Hour }
-
-func (s *memStore) update(scope, key string, owner *durable.Token, fn func(k [2]string, r *memRow) error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := [2]string{scope, key}
-	r, ok := s.rows[k]
-	switch {
-	case !ok:
-		return durable.ErrNotFound
-	case owner != nil && r.owner != *owner:
-		return durable.ErrNotOwner
-	case r.status != 0:
-		return durable.ErrCompleted
-	}
-	return fn(k, r)
-}
-
-func (s *memStore) Complete(_ context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
-	return s.update(scope, key, &owner, func(_ [2]string, r *memRow) error { return s.set(r, a) })
-}
-
-func (s *memStore) Settle(_ context.Context, scope, key string, a durable.Answer) error {
-	return s.update(scope, key, nil, func(_ [2]string, r *memRow) error { return s.set(r, a) })
-}
-
-func (s *memStore) Release(_ context.Context, scope, key string, owner durable.Token) error {
-	return s.update(scope, key, &owner, func(k [2]string, _ *memRow) error { delete(s.rows, k); return nil })
-}
-
-func (s *memStore) ReleaseInProgress(_ context.Context, scope, key string) error {
-	return s.update(scope, key, nil, func(k [2]string, _ *memRow) error { delete(s.rows, k); return nil })
-}
-
-var _ idem.Store = (*memStore)(nil)
-
 // neverReplayed are headers the fuzzed handler sets that no replay may carry.
 var neverReplayed = []string{"Set-Cookie", "Authorization", "X-Other", "Connection", "Trailer"}
 
@@ -226,7 +117,7 @@ func FuzzReplayRoundTrip(f *testing.F) {
 	f.Add(uint16(229), "", "", "", "", []byte("slow down"), uint8(1))
 	f.Add(uint16(302), "", "", "", "", []byte("boom"), uint8(2))
 	f.Add(uint16(202), "/ünïcode", "text/plain; charset=utf-8", "", "", bytes.Repeat([]byte{0xff, 0}, 100), uint8(7))
-	g, err := idem.New(newMemStore(), &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	g, err := idem.New(idemtest.NewMemStore(nil), &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(f, err)
 	var n atomic.Int64
 	scope := func(*http.Request) (string, bool) { return "fuzzer", true }

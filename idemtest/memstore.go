@@ -1,0 +1,353 @@
+package idemtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
+)
+
+// MemStoreConfig configures a [MemStore]. The zero value, like a nil
+// *MemStoreConfig, gives the defaults.
+type MemStoreConfig struct {
+	// Retention is how long a key lives from its claim, as
+	// durable.Config.Retention. It must not be negative, and an idem.Guard
+	// refuses one not longer than its MaxHold (46.5s by default).
+	//
+	// Defaults to durable.DefaultRetention (24h).
+	Retention time.Duration
+
+	// Now is the store's clock: it stamps CreatedAt and CompletedAt and
+	// decides which keys have expired, as the database clock does for the
+	// PostgreSQL store. It is called with the store's lock held, so it must
+	// not call the store.
+	//
+	// WARNING: the Guard compares CreatedAt with its own time.Now: a clock
+	// far behind the wall clock makes every in-progress key look abandoned
+	// (idem.ErrPending). To expire one key, prefer [MemStore.Age].
+	//
+	// Defaults to time.Now.
+	Now func() time.Time
+}
+
+// MemStore is an in-memory [idem.Store] for unit tests: a Guard over it runs
+// work at most once per key without PostgreSQL. It keeps the promises of the
+// PostgreSQL store (*durable.Store), and passes [RunStoreSuite]:
+//
+//   - among any number of concurrent Claims of one key exactly one wins; the
+//     others get the live row; an expired row is taken over by the next Claim;
+//   - Get, Complete and Release see only live rows, and fail with errors
+//     matching durable.ErrNotFound, durable.ErrNotOwner, durable.ErrCompleted
+//     and durable.ErrInvalid (compare with errors.Is) where the PostgreSQL
+//     store does;
+//   - only the owner completes (idempotently, with the same answer) or
+//     releases its in-progress row; a finished row is never changed;
+//   - answers are stored as the PostgreSQL store stores them: a copy, with
+//     headers encoded as JSON (so a header value with a NUL byte is refused
+//     and invalid UTF-8 comes back as U+FFFD) and a nil Header or Body read
+//     back empty; times have microsecond precision.
+//
+// Records it returns are the caller's own: changing them changes nothing in
+// the store. A MemStore is safe for concurrent use. Its zero value is not
+// usable: call [NewMemStore].
+//
+// WARNING: it is for tests only. Nothing is durable, rows live in one
+// process (two instances of a service never see each other's keys), and
+// memory grows with every key until it expires and [MemStore.Sweep] runs.
+type MemStore struct {
+	retention time.Duration
+	now       func() time.Time
+
+	mu   sync.Mutex
+	rows map[memKey]*memRow
+}
+
+type memKey struct{ scope, key string }
+
+// memRow is a row as the table holds it: the answer encoded, nil while in
+// progress.
+type memRow struct {
+	fp          durable.Fingerprint
+	owner       durable.Token
+	answer      *memAnswer
+	createdAt   time.Time
+	completedAt time.Time
+}
+
+type memAnswer struct {
+	status  int
+	headers []byte // JSON, as in the jsonb column
+	body    []byte
+}
+
+var _ idem.Store = (*MemStore)(nil)
+
+// NewMemStore returns an empty MemStore. A nil cfg gives the defaults. It
+// panics if cfg.Retention is negative: a test helper's misconfiguration is a
+// bug of the test.
+func NewMemStore(cfg *MemStoreConfig) *MemStore {
+	var c MemStoreConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Retention < 0 {
+		panic(fmt.Sprintf("idemtest: MemStoreConfig.Retention %v must not be negative", c.Retention))
+	}
+	if c.Retention == 0 {
+		c.Retention = durable.DefaultRetention
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &MemStore{retention: c.Retention, now: c.Now, rows: make(map[memKey]*memRow)}
+}
+
+// Retention returns how long a key lives from its claim.
+func (s *MemStore) Retention() time.Duration { return s.retention }
+
+// Claim tries to make p.Owner the owner of the key, as [durable.Store.Claim]:
+// it creates an in-progress row, or takes over an expired one (new
+// fingerprint and owner, no answer, CreatedAt now), and returns it with
+// claimed == true; otherwise it returns the live row with claimed == false.
+func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+	const op = "claim"
+	if err := checkKey(op, p.Scope, p.Key); err != nil {
+		return durable.Record{}, false, err
+	}
+	if p.Owner == (durable.Token{}) {
+		return durable.Record{}, false, invalid(op, "owner token is zero")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	k := memKey{p.Scope, p.Key}
+	if r, ok := s.rows[k]; ok && s.live(r, now) {
+		rec, err := r.record(k)
+		return rec, false, err
+	}
+	r := &memRow{fp: p.Fingerprint, owner: p.Owner, createdAt: now}
+	s.rows[k] = r
+	rec, err := r.record(k)
+	return rec, true, err
+}
+
+// Get returns the live row of a key, or an error matching
+// durable.ErrNotFound when there is none or it has expired.
+func (s *MemStore) Get(_ context.Context, scope, key string) (durable.Record, error) {
+	const op = "get"
+	if err := checkKey(op, scope, key); err != nil {
+		return durable.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := memKey{scope, key}
+	r, ok := s.rows[k]
+	if !ok || !s.live(r, s.clock()) {
+		return durable.Record{}, notFound(op)
+	}
+	return r.record(k)
+}
+
+// Complete stores a as the answer of the in-progress row that owner claimed,
+// as [durable.Store.Complete]. It returns nil when the owner's row already
+// holds an equal answer ([durable.Answer.Equal]), so a retry is safe;
+// otherwise an error matching durable.ErrNotFound, durable.ErrNotOwner or
+// durable.ErrCompleted, and nothing is written. A status outside 100..599 or
+// a NUL byte in a header is refused with an error matching
+// durable.ErrInvalid.
+func (s *MemStore) Complete(_ context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+	const op = "complete"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	enc, err := encodeAnswer(op, a)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	k := memKey{scope, key}
+	r, err := s.inProgress(op, k, owner, now)
+	if err != nil {
+		if r != nil && r.owner == owner && r.answer != nil {
+			if got, derr := r.answer.decode(); derr == nil && got.Equal(a) {
+				return nil
+			}
+		}
+		return err
+	}
+	r.answer, r.completedAt = enc, now
+	return nil
+}
+
+// Release deletes the in-progress row that owner claimed, as
+// [durable.Store.Release], so that the next Claim of the key wins. It fails
+// as Complete does, and never deletes a finished row.
+func (s *MemStore) Release(_ context.Context, scope, key string, owner durable.Token) error {
+	const op = "release"
+	if err := checkKey(op, scope, key); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := memKey{scope, key}
+	if _, err := s.inProgress(op, k, owner, s.clock()); err != nil {
+		return err
+	}
+	delete(s.rows, k)
+	return nil
+}
+
+// Age makes the row of (scope, key) older by `by`, as if it had been claimed
+// that much earlier, whether it is live or expired, in progress or finished.
+// A row is live while it is at most Retention old: Age(scope, key,
+// s.Retention()+time.Second) expires it, and aging an in-progress row past
+// the Guard's MaxHold makes it look abandoned (idem.ErrPending). A negative
+// `by` makes the row younger. Age reports whether there was a row.
+func (s *MemStore) Age(scope, key string, by time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.rows[memKey{scope, key}]
+	if ok {
+		r.createdAt = r.createdAt.Add(-by)
+	}
+	return ok
+}
+
+// Sweep deletes every expired row and returns how many it deleted, as
+// [durable.Store.Sweep]. Expired rows are invisible to every other call
+// whether or not they have been swept. When ctx has ended it deletes nothing
+// and returns an error wrapping ctx's error.
+func (s *MemStore) Sweep(ctx context.Context) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("idemtest: sweep: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	var n int64
+	for k, r := range s.rows {
+		if !s.live(r, now) {
+			delete(s.rows, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// clock reads s.now with the database's precision. s.mu must be held.
+func (s *MemStore) clock() time.Time { return s.now().Truncate(time.Microsecond) }
+
+// live reports whether r has not expired at now.
+func (s *MemStore) live(r *memRow, now time.Time) bool {
+	return !r.createdAt.Before(now.Add(-s.retention))
+}
+
+// inProgress returns the live in-progress row of k that owner claimed, or,
+// with the error durable's Store gives, the live row that is there instead
+// (nil when there is none). s.mu must be held.
+func (s *MemStore) inProgress(op string, k memKey, owner durable.Token, now time.Time) (*memRow, error) {
+	r, ok := s.rows[k]
+	switch {
+	case !ok || !s.live(r, now):
+		return nil, notFound(op)
+	case r.owner != owner:
+		return r, fmt.Errorf("idemtest: %s: %w", op, durable.ErrNotOwner)
+	case r.answer != nil:
+		return r, fmt.Errorf("idemtest: %s: %w", op, durable.ErrCompleted)
+	}
+	return r, nil
+}
+
+// record returns a copy of r that shares nothing with the store.
+func (r *memRow) record(k memKey) (durable.Record, error) {
+	rec := durable.Record{
+		Scope:       k.scope,
+		Key:         k.key,
+		Fingerprint: r.fp,
+		Owner:       r.owner,
+		CreatedAt:   r.createdAt,
+		CompletedAt: r.completedAt,
+	}
+	if r.answer != nil {
+		a, err := r.answer.decode()
+		if err != nil {
+			return durable.Record{}, err
+		}
+		rec.Answer = &a
+	}
+	return rec, nil
+}
+
+// encodeAnswer copies a as the PostgreSQL store writes it: the headers as
+// JSON (jsonb refuses a NUL byte), a nil Body as empty.
+func encodeAnswer(op string, a durable.Answer) (*memAnswer, error) {
+	if a.Status < 100 || a.Status > 599 {
+		return nil, invalid(op, fmt.Sprintf("status %d is outside 100..599", a.Status))
+	}
+	h := a.Header
+	if h == nil {
+		h = http.Header{}
+	}
+	for name, values := range h {
+		if strings.IndexByte(name, 0) >= 0 {
+			return nil, invalid(op, "a header name contains a NUL byte")
+		}
+		for _, v := range values {
+			if strings.IndexByte(v, 0) >= 0 {
+				return nil, invalid(op, "header "+name+" contains a NUL byte")
+			}
+		}
+	}
+	headers, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("idemtest: %s: %w: %w", op, durable.ErrInvalid, err)
+	}
+	body := bytes.Clone(a.Body)
+	if body == nil {
+		body = []byte{}
+	}
+	return &memAnswer{status: a.Status, headers: headers, body: body}, nil
+}
+
+// decode returns a fresh copy of the answer, as durable's scanRecord reads it:
+// a non-nil Header and Body.
+func (m *memAnswer) decode() (durable.Answer, error) {
+	a := durable.Answer{Status: m.status, Header: http.Header{}, Body: bytes.Clone(m.body)}
+	if err := json.Unmarshal(m.headers, &a.Header); err != nil {
+		return durable.Answer{}, fmt.Errorf("idemtest: response headers: %w", err)
+	}
+	if a.Header == nil {
+		a.Header = http.Header{}
+	}
+	return a, nil
+}
+
+func checkKey(op, scope, key string) error {
+	for _, f := range []struct{ name, s string }{{"scope", scope}, {"key", key}} {
+		if strings.IndexByte(f.s, 0) >= 0 {
+			return invalid(op, f.name+" contains a NUL byte")
+		}
+		if !utf8.ValidString(f.s) {
+			return invalid(op, f.name+" is not valid UTF-8")
+		}
+	}
+	return nil
+}
+
+func invalid(op, detail string) error {
+	return fmt.Errorf("idemtest: %s: %w: %s", op, durable.ErrInvalid, detail)
+}
+
+func notFound(op string) error {
+	return fmt.Errorf("idemtest: %s: %w", op, durable.ErrNotFound)
+}
