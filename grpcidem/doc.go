@@ -1,0 +1,96 @@
+// Package grpcidem guards gRPC unary calls with an idem.Guard: the handler of
+// a call runs at most once per (scope, idempotency key), and every retry is
+// answered with the stored result.
+//
+// It is a module of its own (github.com/idemguard/idem/grpcidem), so that
+// google.golang.org/grpc never reaches the build of a net/http user of idem.
+//
+//	guard, _ := idem.New(store, nil)
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+//		authInterceptor, // puts the caller in ctx
+//		grpcidem.UnaryServerInterceptor(guard, userFromContext,
+//			grpcidem.WithMethods(func(m string) bool { return m == "/shop.v1.Checkout/Pay" })),
+//	))
+//
+// # What the client sees
+//
+// The key is the request metadata entry "idempotency-key" (WithMetadataKey):
+// exactly one value of 1 to 255 characters of printable ASCII, taken
+// literally, without a comma or a leading or trailing space. The fingerprint
+// is idem.HashParts over the full method name and the deterministic protobuf
+// encoding of the request (Fingerprint; WithFingerprint replaces it), so a
+// retry of the same message matches even when it holds maps.
+//
+// Every refusal carries a google.rpc.ErrorInfo detail whose Domain is
+// ErrorDomain and whose Reason is stable; the message is for humans.
+//
+//	Situation                                      Code                Reason
+//	First call                                     the handler's own result
+//	Retry, same key and same request               the stored result, with header
+//	                                               "idempotent-replayed: true"
+//	Retry while the first call runs                Aborted             REQUEST_IN_PROGRESS, RetryInfo 1s
+//	Retry of a key left in progress longer than    Aborted             REQUEST_PENDING, RetryInfo 30s
+//	  the Guard's MaxHold (waits for reconciliation)
+//	Same key, different method or message          FailedPrecondition  IDEMPOTENCY_KEY_REUSED
+//	No key (or passed through, WithOptionalKey)    InvalidArgument     IDEMPOTENCY_KEY_MISSING
+//	Malformed key, or two values                   InvalidArgument     IDEMPOTENCY_KEY_INVALID
+//	No authenticated caller (ScopeFunc false)      Unauthenticated     UNAUTHENTICATED
+//	PostgreSQL unreachable: the handler did not    Unavailable         SERVICE_UNAVAILABLE, RetryInfo 2s
+//	  run, retry with the same key
+//	Request cannot be fingerprinted, stored        Internal            (none; the cause is logged)
+//	  answer cannot be decoded
+//
+// The RetryInfo delays are idem's defaults (WithRetryHints changes them).
+//
+// Why these codes: Aborted is gRPC's code for a concurrency conflict, the
+// counterpart of the HTTP middleware's 409, and unlike Unavailable it is not
+// in the usual automatic retry policies, so a key held in progress for
+// minutes (until reconciliation) does not turn into a storm of transparent
+// retries; the RetryInfo tells clients that do retry when. A reused key is
+// FailedPrecondition, not InvalidArgument: the request is well formed, but
+// the key is already bound to another one, and only a new key helps.
+// Unavailable is kept for the one refusal that a client may retry
+// automatically, as gRPC retry policies do: nothing was decided.
+//
+// # What is stored
+//
+// The handler's result decides the key's fate, with the same rules as the
+// HTTP middleware (the column "as HTTP" is the status it is stored under,
+// from the grpc-gateway mapping):
+//
+//	Handler returns                                 As HTTP  Key          Next retry
+//	a response message (OK)                         200      stored       replayed, same message
+//	InvalidArgument, FailedPrecondition, OutOfRange 400      stored       replayed, same code,
+//	Unauthenticated                                 401      stored         message and details
+//	PermissionDenied                                403      stored
+//	NotFound                                        404      stored
+//	AlreadyExists                                   409      stored
+//	ResourceExhausted (rate limited)                429      released     runs again
+//	Unimplemented (nothing ran)                     -        released     runs again
+//	Internal, Unknown, Unavailable, Aborted,        -        in progress  Aborted until settled,
+//	  DeadlineExceeded, Canceled, DataLoss,                                released or expired
+//	  any error that is not a status
+//	anything, after idem.MarkRetrySafe(ctx)         -        released     runs again
+//	a message not storable: over                    -        in progress  Aborted until settled,
+//	  WithMaxResponseSize, or not a proto.Message                          released or expired
+//	a panic                                         -        in progress  (released after MarkRetrySafe)
+//
+// Only the final answers are stored. Unavailable, Aborted and
+// DeadlineExceeded are left in progress although they often mean "nothing
+// happened": the interceptor cannot know that the handler stopped before
+// its effect (a charge sent, its reply lost, ends in DeadlineExceeded too).
+// A handler that knows calls idem.MarkRetrySafe(ctx) first, and its key is
+// released. Canceled is the client hanging up mid-call, an unknown outcome;
+// Config.DetachWork lets such a handler finish instead.
+//
+// A response message is stored as its protobuf encoding with its full name
+// (in the stored header "Grpc-Message-Type"); a replay resolves that name in
+// protoregistry.GlobalTypes, which holds every generated message type the
+// server binary links, so any instance of the fleet can replay any answer
+// without a registry learnt at run time. An error is stored as its
+// google.rpc.Status. Answer gives that stored form: a reconciler that learns
+// the outcome of a key left in progress settles it with
+//
+//	answer, err := grpcidem.Answer(&pb.PayReply{Charge: "ch_77"}, nil)
+//	err = guard.Settle(ctx, scope, key, item.Intent, answer)
+package grpcidem

@@ -1,0 +1,257 @@
+package grpcidem
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemguard/idem"
+)
+
+// ScopeFunc returns the authenticated caller of a call (for example the user
+// id that an authentication interceptor chained before this one stored in
+// ctx). It reports false when the call is not authenticated; the interceptor
+// then refuses it with codes.Unauthenticated and never falls back to a
+// shared namespace.
+type ScopeFunc func(ctx context.Context) (scope string, ok bool)
+
+// Option configures the interceptor.
+type Option func(*interceptor)
+
+// WithMetadataKey sets the request metadata entry that carries the key. It
+// must be a lowercase text metadata key (0-9 a-z - _ .), neither "-bin" nor
+// "grpc-"; UnaryServerInterceptor panics otherwise. Defaults to
+// DefaultMetadataKey ("idempotency-key").
+func WithMetadataKey(name string) Option { return func(ic *interceptor) { ic.mdKey = name } }
+
+// WithMethods sets which unary methods are guarded: those for which match
+// reports true, given the full method name ("/package.Service/Method").
+// Others pass through untouched. Defaults to every unary method.
+//
+// WARNING: with the default, every unary method on the server needs a key,
+// health checks (/grpc.health.v1.Health/Check) and reads included. Pass the
+// list of methods that have effects, e.g.
+//
+//	guarded := map[string]bool{"/shop.v1.Checkout/Pay": true, "/shop.v1.Checkout/Refund": true}
+//	grpcidem.WithMethods(func(m string) bool { return guarded[m] })
+func WithMethods(match func(fullMethod string) bool) Option {
+	return func(ic *interceptor) { ic.match = match }
+}
+
+// WithOptionalKey lets calls without the key's metadata entry through,
+// unguarded. By default they are refused with codes.InvalidArgument.
+func WithOptionalKey() Option { return func(ic *interceptor) { ic.optional = true } }
+
+// WithFingerprint replaces how a request is fingerprinted, for example to
+// leave out a field that a client changes on every retry (a send time), or
+// for messages that are not protobuf. An error refuses the call with
+// codes.Internal before the handler runs. Defaults to Fingerprint.
+func WithFingerprint(fn FingerprintFunc) Option { return func(ic *interceptor) { ic.fingerprint = fn } }
+
+// WithMaxResponseSize sets the largest stored answer, in bytes of its
+// encoding. A larger answer is delivered but not stored: see
+// UnaryServerInterceptor. Defaults to idem.DefaultMaxResponseBody (1 MiB).
+func WithMaxResponseSize(n int) Option { return func(ic *interceptor) { ic.maxResp = n } }
+
+// WithRetryHints sets the RetryInfo delay sent with codes.Aborted (in
+// progress, or pending reconciliation) and codes.Unavailable refusals. A zero
+// field takes its default; a negative one sends no RetryInfo. Defaults to
+// idem.DefaultRetryInProgress (1s), idem.DefaultRetryPending (30s) and
+// idem.DefaultRetryUnavailable (2s), as the HTTP middleware's Retry-After.
+func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { ic.retry = h } }
+
+// WithLogger sets where the interceptor logs what a client is not told (a
+// request it cannot fingerprint, a stored answer it cannot decode, an answer
+// not stored). The guard logs its own decisions to its Config.Logger.
+// Defaults to slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(ic *interceptor) { ic.log = l } }
+
+type interceptor struct {
+	g           *idem.Guard
+	scope       ScopeFunc
+	mdKey       string
+	match       func(string) bool
+	optional    bool
+	fingerprint FingerprintFunc
+	maxResp     int
+	retry       idem.RetryHints
+	log         *slog.Logger
+}
+
+// UnaryServerInterceptor returns a gRPC unary server interceptor that runs
+// each guarded call's handler at most once per (scope, idempotency key) and
+// answers every retry with the stored result. It is safe for concurrent use
+// and may be chained after an authentication interceptor
+// (grpc.ChainUnaryInterceptor) whose result scope reads.
+//
+// For each guarded call (every unary method unless WithMethods says
+// otherwise) it asks scope for the caller, reads the key from the request
+// metadata ("idempotency-key": exactly one value of 1 to 255 characters of
+// printable ASCII, no comma, no leading or trailing space) and fingerprints
+// the full method name with the request message (see Fingerprint). The
+// handler receives the guard's work context: idem.IntentFromContext,
+// idem.MarkRetrySafe and grpc.SetHeader work on it.
+//
+// The handler's result decides what retries get (the package documentation
+// has the table): a response message or an error with a final code
+// (InvalidArgument, NotFound, ...) is stored and replayed, with the response
+// header "idempotent-replayed: true"; ResourceExhausted and Unimplemented
+// release the key; any other code leaves the key in progress, so retries get
+// codes.Aborted until it is settled (idem.Guard.Settle with Answer),
+// released, or expires. The first call always gets the handler's own result.
+//
+// Refusals carry a google.rpc.ErrorInfo detail (ErrorDomain, a Reason*
+// constant): Aborted while the key is in progress (REQUEST_IN_PROGRESS,
+// RetryInfo 1s) or waits for reconciliation (REQUEST_PENDING, RetryInfo
+// 30s), FailedPrecondition for a key reused with another request,
+// InvalidArgument for a missing or invalid key, Unauthenticated without a
+// caller, Unavailable when the store cannot decide (the handler did not run:
+// retry with the same key; RetryInfo 2s). Internal error text never reaches
+// the client: it goes to the logger.
+//
+// WARNING: an answer that cannot be stored (not a proto.Message, larger than
+// WithMaxResponseSize) is delivered but its key stays in progress, exactly
+// like an Internal error. Only the response message or status is stored:
+// header and trailer metadata the handler sets are not replayed.
+//
+// UnaryServerInterceptor panics if g or scope is nil, or if an option is
+// invalid.
+func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
+	if g == nil || scope == nil {
+		panic("grpcidem: UnaryServerInterceptor needs a Guard and a ScopeFunc")
+	}
+	ic := &interceptor{
+		g:           g,
+		scope:       scope,
+		mdKey:       DefaultMetadataKey,
+		fingerprint: Fingerprint,
+		maxResp:     idem.DefaultMaxResponseBody,
+		log:         slog.Default(),
+	}
+	for _, o := range opts {
+		o(ic)
+	}
+	switch {
+	case !validMetadataKey(ic.mdKey):
+		panic("grpcidem: WithMetadataKey: " + ic.mdKey + " is not a lowercase text metadata key")
+	case ic.fingerprint == nil:
+		panic("grpcidem: WithFingerprint: nil function")
+	case ic.maxResp <= 0:
+		panic("grpcidem: WithMaxResponseSize: must be positive")
+	case ic.log == nil:
+		panic("grpcidem: WithLogger: nil logger")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&ic.retry.InProgress, idem.DefaultRetryInProgress)
+	def(&ic.retry.Pending, idem.DefaultRetryPending)
+	def(&ic.retry.Unavailable, idem.DefaultRetryUnavailable)
+	return ic.intercept
+}
+
+func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if ic.match != nil && !ic.match(info.FullMethod) {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get(ic.mdKey)
+	if len(values) == 0 && ic.optional {
+		return handler(ctx, req)
+	}
+	scope, ok := ic.scope(ctx)
+	if !ok || scope == "" {
+		return nil, ic.unauthenticated()
+	}
+	key, err := parseKey(values)
+	if err != nil {
+		if errors.Is(err, errKeyMissing) {
+			return nil, refusal(codes.InvalidArgument, ReasonKeyMissing,
+				"Send an "+ic.mdKey+" metadata entry with a unique value (e.g. a UUID) per intent.", 0,
+				map[string]string{"metadata_key": ic.mdKey})
+		}
+		reason := "malformed"
+		if ke := (*keyError)(nil); errors.As(err, &ke) {
+			reason = ke.reason
+		}
+		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid,
+			"The "+ic.mdKey+" metadata entry is invalid: "+reason+".", 0,
+			map[string]string{"metadata_key": ic.mdKey})
+	}
+	fp, err := ic.fingerprint(info.FullMethod, req)
+	if err != nil {
+		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request not fingerprinted; refused",
+			slog.String("method", info.FullMethod), slog.Any("error", err))
+		return nil, status.Error(codes.Internal, "The request could not be processed.")
+	}
+	r := idem.Request{Scope: scope, Key: key, Fingerprint: fp}
+
+	var out any
+	var herr error
+	stored, outcome, err := ic.g.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
+		out, herr = handler(wctx, req)
+		return disposition(out, herr, ic.maxResp)
+	})
+	switch outcome {
+	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
+		return out, herr
+	case idem.OutcomeExecutedPending:
+		if err != nil && !errors.Is(err, errNotFinal) {
+			// Not a choice of the handler: an answer it meant as final
+			// could not be stored.
+			ic.log.LogAttrs(ctx, slog.LevelWarn, "grpcidem: answer delivered but not stored; key left in progress",
+				slog.String("method", info.FullMethod), slog.String("key_hash", idem.KeyHash(scope, key)), slog.Any("error", err))
+		}
+		return out, herr
+	case idem.OutcomeReplayed:
+		resp, rpcErr, rerr := replay(stored)
+		if rerr != nil {
+			ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: stored answer cannot be decoded",
+				slog.String("method", info.FullMethod), slog.String("key_hash", idem.KeyHash(scope, key)), slog.Any("error", rerr))
+			return nil, status.Error(codes.Internal, "The stored answer to this request could not be read.")
+		}
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true")) // fails only outside a server call
+		return resp, rpcErr
+	case idem.OutcomeInProgress:
+		if errors.Is(err, idem.ErrPending) {
+			return nil, refusal(codes.Aborted, ReasonPending,
+				"The outcome of the request with this idempotency key is not known yet; it is being reconciled. Retry later with the same key.",
+				ic.retry.Pending, nil)
+		}
+		return nil, refusal(codes.Aborted, ReasonInProgress,
+			"A request with this idempotency key is being processed. Retry shortly with the same key.", ic.retry.InProgress, nil)
+	case idem.OutcomeKeyReused:
+		return nil, refusal(codes.FailedPrecondition, ReasonKeyReused,
+			"This idempotency key was used with a different request. Use a new key for a new intent.", 0, nil)
+	}
+	// OutcomeNone: the handler did not run.
+	var re *idem.RequestError
+	switch {
+	case errors.As(err, &re) && re.Field == "Scope":
+		// The ScopeFunc returned an identity the guard cannot key on (too
+		// long, not UTF-8): the caller is not usable.
+		ic.log.LogAttrs(ctx, slog.LevelWarn, "grpcidem: ScopeFunc returned an unusable scope", slog.String("reason", re.Reason))
+		return nil, ic.unauthenticated()
+	case re != nil:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "The "+ic.mdKey+" metadata entry is invalid.", 0,
+			map[string]string{"metadata_key": ic.mdKey})
+	case ctx.Err() != nil:
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
+		slog.String("method", info.FullMethod), slog.Any("error", err))
+	return nil, refusal(codes.Unavailable, ReasonUnavailable,
+		"The request was not processed. Retry later with the same idempotency key.", ic.retry.Unavailable, nil)
+}
+
+func (ic *interceptor) unauthenticated() error {
+	return refusal(codes.Unauthenticated, ReasonUnauthenticated, "This request needs an authenticated caller.", 0, nil)
+}

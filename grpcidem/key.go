@@ -1,0 +1,75 @@
+package grpcidem
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/idemguard/idem"
+)
+
+// DefaultMetadataKey is the request metadata entry that carries the
+// idempotency key unless WithMetadataKey names another.
+const DefaultMetadataKey = "idempotency-key"
+
+// MetadataReplayed is the response header metadata entry set to "true" on
+// every replayed answer.
+const MetadataReplayed = "idempotent-replayed"
+
+// errKeyMissing: no metadata entry; a *keyError otherwise.
+var errKeyMissing = errors.New("grpcidem: idempotency key missing")
+
+// keyError says why a key was refused. Its reason is safe to show to the
+// client.
+type keyError struct{ reason string }
+
+func (e *keyError) Error() string { return "grpcidem: idempotency key invalid: " + e.reason }
+
+// parseKey returns the idempotency key carried by the values of one metadata
+// entry. It accepts exactly one value of 1 to 255 characters of printable
+// ASCII (0x20-0x7E, which is also what gRPC allows in a text metadata value),
+// taken literally: there is no quoting syntax. It refuses a value that starts
+// or ends with a space (HTTP/2 forbids it and proxies trim it, so the key
+// would change on the way) and one holding a comma (proxies join repeated
+// entries with commas, so "a,b" may be two keys).
+func parseKey(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", errKeyMissing
+	case 1:
+	default:
+		return "", &keyError{reason: "repeated metadata entry"}
+	}
+	v := values[0]
+	switch {
+	case v == "":
+		return "", &keyError{reason: "empty"}
+	case len(v) > idem.MaxKeyLen:
+		return "", &keyError{reason: "longer than 255 characters"}
+	case v[0] == ' ' || v[len(v)-1] == ' ':
+		return "", &keyError{reason: "leading or trailing space"}
+	case strings.IndexByte(v, ',') >= 0:
+		return "", &keyError{reason: "a list of keys; send exactly one"}
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c > 0x7e {
+			return "", &keyError{reason: "not printable ASCII"}
+		}
+	}
+	return v, nil
+}
+
+// validMetadataKey reports whether name can carry the key: a lowercase gRPC
+// metadata key (0-9 a-z - _ .) that is not binary ("-bin") nor reserved
+// ("grpc-").
+func validMetadataKey(name string) bool {
+	if name == "" || strings.HasSuffix(name, "-bin") || strings.HasPrefix(name, "grpc-") {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
