@@ -44,27 +44,34 @@ func BenchmarkCommitModes(b *testing.B) {
 				if mode.answerAsync {
 					answers = store.WithDB(asyncDB)
 				}
-				run := rand.Text()[:8]
-				var seq atomic.Int64
-				b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					a := durable.Answer(answer)
-					for pb.Next() {
-						p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
-							Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
-						if _, ok, err := claims.Claim(b.Context(), p); err != nil || !ok {
-							b.Fatalf("claim: %v %v", ok, err)
-						}
-						if err := answers.Complete(b.Context(), p.Scope, p.Key, p.Owner, a); err != nil {
-							b.Fatalf("complete: %v", err)
-						}
-					}
-				})
+				firstExecutions(b, conc, claims, answers)
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "execs/s")
 			})
 		}
 	}
+}
+
+// firstExecutions runs a first execution's two writes, claim then answer,
+// through claims and answers (the same store, maybe over different pools),
+// closed loop with conc callers, each on a fresh key.
+func firstExecutions(b *testing.B, conc int, claims, answers *durable.Store) {
+	run := rand.Text()[:8]
+	var seq atomic.Int64
+	b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		a := durable.Answer(answer)
+		for pb.Next() {
+			p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
+				Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
+			if _, ok, err := claims.Claim(b.Context(), p); err != nil || !ok {
+				b.Fatalf("claim: %v %v", ok, err)
+			}
+			if err := answers.Complete(b.Context(), p.Scope, p.Key, p.Owner, a); err != nil {
+				b.Fatalf("complete: %v", err)
+			}
+		}
+	})
 }
 
 // commitPool is a pool of conc connections with synchronous_commit set.

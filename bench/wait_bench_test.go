@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,23 +26,7 @@ func BenchmarkNotifyCost(b *testing.B) {
 			b.Run(fmt.Sprintf("notify=%v/conc=%d", notify, conc), func(b *testing.B) {
 				store, _ := testdb.Store(b, &durable.Config{Notify: notify})
 				s := store.WithDB(commitPool(b, conc, "on"))
-				run := rand.Text()[:8]
-				var seq atomic.Int64
-				b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					a := durable.Answer(answer)
-					for pb.Next() {
-						p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
-							Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
-						if _, ok, err := s.Claim(b.Context(), p); err != nil || !ok {
-							b.Fatalf("claim: %v %v", ok, err)
-						}
-						if err := s.Complete(b.Context(), p.Scope, p.Key, p.Owner, a); err != nil {
-							b.Fatalf("complete: %v", err)
-						}
-					}
-				})
+				firstExecutions(b, conc, s, s)
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "execs/s")
 			})
 		}
