@@ -36,14 +36,8 @@ func planRows(t *testing.T) int {
 // per call on such a table.
 func TestPlansUseThePrimaryKey(t *testing.T) {
 	ctx := t.Context()
-	pool := planPool(t)
-	cfg := &Config{Schema: "idemplan_" + strings.ToLower(rand.Text()[:12])}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+cfg.Schema+" CASCADE")
-	})
-	require.NoError(t, Migrate(ctx, pool, cfg))
-	s, err := New(pool, cfg)
-	require.NoError(t, err)
+	s, pool := planStore(t)
+	var err error
 
 	n := planRows(t)
 	start := time.Now()
@@ -105,14 +99,7 @@ WHERE key NOT LIKE '%00'`)
 // theirs can pick it, whatever the statistics say.
 func TestWritesCannotUseTheInProgressIndex(t *testing.T) {
 	ctx := t.Context()
-	pool := planPool(t)
-	cfg := &Config{Schema: "idemplan_" + strings.ToLower(rand.Text()[:12])}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+cfg.Schema+" CASCADE")
-	})
-	require.NoError(t, Migrate(ctx, pool, cfg))
-	s, err := New(pool, cfg)
-	require.NoError(t, err)
+	s, pool := planStore(t)
 	owner := make([]byte, 16)
 	args := []any{"user-1", "key-1", owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention}
 	for name, st := range map[string]struct {
@@ -141,6 +128,21 @@ func TestWritesCannotUseTheInProgressIndex(t *testing.T) {
 			require.Equal(t, name == "in progress (control)", uses, "%s: %s", name, raw)
 		})
 	}
+}
+
+// planStore migrates a schema of its own, dropped at cleanup, and returns
+// its store and the pool.
+func planStore(t *testing.T) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	pool := planPool(t)
+	cfg := &Config{Schema: "idemplan_" + strings.ToLower(rand.Text()[:12])}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+cfg.Schema+" CASCADE")
+	})
+	require.NoError(t, Migrate(t.Context(), pool, cfg))
+	s, err := New(pool, cfg)
+	require.NoError(t, err)
+	return s, pool
 }
 
 // planPool connects to $TEST_DATABASE_URL (internal/testdb's default
