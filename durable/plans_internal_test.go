@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -26,8 +27,8 @@ func planRows(t *testing.T) int {
 	return 1_000_000
 }
 
-// TestPlansUseThePrimaryKey loads a table as a busy day leaves it (a million
-// keys claimed in progress, 99% of them answered since, with no vacuum in
+// TestPlansUseThePrimaryKey loads a table as a busy day leaves it (twenty
+// thousand, then a million keys claimed in progress, 99% of them answered since, with no vacuum in
 // between, so their old versions are dead), ANALYZEs it, and checks with EXPLAIN
 // that every statement on one key reaches its row through the primary key,
 // with both the custom plan and the generic plan a prepared statement
@@ -35,11 +36,16 @@ func planRows(t *testing.T) int {
 // index of in-progress rows instead scanned tens of thousands of its entries
 // per call on such a table.
 func TestPlansUseThePrimaryKey(t *testing.T) {
+	for _, n := range []int{20_000, planRows(t)} {
+		t.Run(fmt.Sprintf("rows=%d", n), func(t *testing.T) { testPlans(t, n) })
+	}
+}
+
+func testPlans(t *testing.T, n int) {
 	ctx := t.Context()
 	s, pool := planStore(t)
 	var err error
 
-	n := planRows(t)
 	start := time.Now()
 	// Every key is claimed in progress, then 98% get their answer: as in
 	// production, the partial index of in-progress rows received an entry

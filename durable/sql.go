@@ -37,6 +37,12 @@ func newStatements(t string) *statements {
 		// no transaction id, no WAL, no commit flush. (ON CONFLICT DO
 		// UPDATE ... WHERE expired would lock the live row, a WAL write.)
 		//
+		// upd states expiry as created_at + retention < now(), which no
+		// index on created_at can serve: otherwise a planner that expects
+		// no expired rows picks that index (TestPlansUseThePrimaryKey saw
+		// it on a small table), and each claim would then walk every
+		// expired row still waiting for the sweeper.
+		//
 		// Under READ COMMITTED the last branch reads the statement's
 		// snapshot, so a row another claimer committed after it started
 		// is not seen: the statement then returns no row and Claim falls
@@ -55,7 +61,7 @@ WITH upd AS (
 		completed_at       = NULL,
 		reconcile_attempts = 0,
 		reconcile_after    = NULL
-	WHERE user_id = $1 AND key = $2 AND created_at < now() - $5::bigint * interval '1 microsecond'
+	WHERE user_id = $1 AND key = $2 AND created_at + $5::bigint * interval '1 microsecond' < now()
 	RETURNING {cols}
 ), ins AS (
 	INSERT INTO {t} (user_id, key, request_hash, owner_token)
