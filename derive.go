@@ -32,7 +32,7 @@ func DeriveID(prefix, purpose string, intent IntentID) string {
 //
 // The key must be born with the intent, not with the request object: a client
 // that creates a new key inside its retry loop turns every retry into a new
-// charge. See the README's "Downstream keys".
+// charge. See "Downstream keys" in docs/operating.md.
 func DownstreamKey(kind, id string) (string, error) {
 	if kind == "" || id == "" {
 		return "", fmt.Errorf("idem: downstream key: empty kind or id")

@@ -113,7 +113,8 @@ type Config struct {
 	// OpenTelemetry metric API: the counter "idem.events" by event
 	// (executed, executed_pending, released, replayed, in_progress,
 	// key_reused, key_missing, key_invalid, settled, fallback, store_error,
-	// double_execution, answer_mismatch, overrun, cache_hit) and the
+	// double_execution, answer_mismatch, overrun, cache_hit, waited,
+	// wait_timeout, wait_refused) and the
 	// histogram "idem.phase.duration" of the guard's own steps (lock,
 	// claim, read, store, release). Defaults to nil: no metrics and no cost
 	// beyond the atomic counters behind Stats.

@@ -8,8 +8,9 @@
 //	go run ./examples/checkout [flags]
 //
 //	-addr HOST:PORT          listen address (default 127.0.0.1:8080; port 0 picks one)
-//	-strategy hybrid|table   hybrid: a Redis lease decides who runs, PostgreSQL
-//	                         stores the answer; table: PostgreSQL alone (default hybrid)
+//	-strategy hybrid|table   hybrid: a Redis lease filters retries, then the
+//	                         PostgreSQL claim decides who runs; table: the claim
+//	                         alone (default hybrid)
 //	-database-url URL        PostgreSQL (default $DATABASE_URL, else
 //	                         postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable)
 //	-schema NAME             schema of the idempotency table (default: the connection's)
@@ -131,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.addr, "addr", defaultAddr, "listen `HOST:PORT` (port 0 picks a free port)")
 	fs.StringVar(&strategy, "strategy", string(idem.StrategyHybrid), "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
 	fs.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "PostgreSQL connection `URL` ($DATABASE_URL)")
-	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency, orders and payrail_* tables (default: the connection's current schema)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency_keys, checkout_orders and payrail_* tables (default: the connection's current schema)")
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
 	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
 	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept (longer than the guard's MaxHold, 46.5s)")
@@ -262,6 +263,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			// call means.
 			MaxRetries:    -1,
 			DialerRetries: 1,
+			DialTimeout:   250 * time.Millisecond, // shorter than the lock's 500ms Timeout
 			// The lock bounds each call with a deadline (500ms); go-redis
 			// honours it only with this set.
 			ContextTimeoutEnabled: true,
