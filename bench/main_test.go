@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem/bench/internal/report"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 )
@@ -59,10 +60,11 @@ func TestSmoke(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), append(args,
 		"-step", "200ms", "-drain", "500ms", "-warmup", "0", "-rates", "100,200",
-		"-scenarios", "unique,storm", "-work", "1ms", "-out", dir), &out, &errOut)
+		"-scenarios", "unique,storm", "-work", "1ms", "-noise-runs", "2", "-out", dir), &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 
-	for _, want := range []string{"scenario strategy", "unique   table    guard", "storm    hybrid   ceiling", "summary", "answer: unique"} {
+	for _, want := range []string{"scenario strategy", "unique   table    guard", "storm    hybrid   ceiling",
+		"storm    hybrid   minimal", "repeat 2: ", "summary", "noise: ", "answer: unique"} {
 		require.Contains(t, out.String(), want)
 	}
 	f, err := os.Open(filepath.Join(dir, "results.csv"))
@@ -70,15 +72,21 @@ func TestSmoke(t *testing.T) {
 	defer f.Close()
 	recs, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
-	// 2 scenarios x 2 strategies x {guard, ceiling} at the first rate at
-	// least; a loaded CI machine may saturate at the second.
-	require.GreaterOrEqual(t, len(recs)-1, 8)
+	// 2 scenarios x 2 strategies x {guard, ceiling, minimal} at the first
+	// rate at least (a loaded CI machine may saturate at the second), and 2
+	// repeats of the 6 targets.
+	require.GreaterOrEqual(t, len(recs)-1, 12+12)
+	repeats := 0
 	for _, rec := range recs[1:] {
+		if rec[len(rec)-2] != "" {
+			repeats++
+		}
 		require.NotEqual(t, "0.0", rec[6], "achieved: %v", rec)
 		if rec[0] == "unique" && rec[3] == "table" {
 			require.Equal(t, "2.000", rec[21], "statements per first execution: %v", rec) // claim + complete
 		}
 	}
+	require.Equal(t, 12, repeats)
 	for _, name := range []string{"report.md", "p99.png", "throughput.png"} {
 		st, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
@@ -86,16 +94,40 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
-// TestInterrupted: Ctrl-C (a cancelled context) still writes the report of
-// what ran.
+// cancelAfterRows is run's stdout: it cancels once rows step lines have been
+// written after the header, the way Ctrl-C lands in the middle of a run.
+type cancelAfterRows struct {
+	bytes.Buffer
+	rows   int
+	cancel context.CancelFunc
+	done   bool
+}
+
+func (w *cancelAfterRows) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if s := w.String(); !w.done {
+		if i := strings.Index(s, report.Header()); i >= 0 && strings.Count(s[i:], "\n") > w.rows {
+			w.done = true
+			w.cancel()
+		}
+	}
+	return n, err
+}
+
+// TestInterrupted: Ctrl-C (a cancelled context) in the middle of a run still
+// writes the report of what ran. The context is cancelled once the first
+// step has been reported, not after a fixed time, so that a slow machine
+// (setup alone can take a second under load) cannot cancel before anything
+// ran.
 func TestInterrupted(t *testing.T) {
 	args := servers(t)
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a safety net only
 	defer cancel()
-	var out, errOut bytes.Buffer
+	out := &cancelAfterRows{rows: 1, cancel: cancel}
+	var errOut bytes.Buffer
 	code := run(ctx, append(args, "-step", "400ms", "-warmup", "0", "-rates", "100,200,400,800",
-		"-strategies", "table", "-scenarios", "unique", "-out", dir), &out, &errOut)
+		"-strategies", "table", "-scenarios", "unique", "-out", dir), out, &errOut)
 	require.Equal(t, 130, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	require.Contains(t, out.String(), "INTERRUPTED")
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
