@@ -1,12 +1,14 @@
 // Command bench is idem's capacity planner: it drives the real Guard, in
 // process, against a real PostgreSQL and Redis with open-loop arrivals, steps
 // the offered rate up until each strategy saturates, runs the same SQL
-// statements and Redis commands without the guard as a ceiling, and writes a
-// report (report.md, results.csv, p99.png, throughput.png).
+// statements and Redis commands without the guard as a ceiling and the least
+// SQL that does the job on the least schema as a minimal target, measures
+// the run's noise from repeated identical steps, and writes a report
+// (report.md, results.csv, p99.png, throughput.png).
 //
 // From the repository root:
 //
-//	go run ./bench                       # about a minute, defaults below
+//	go run ./bench                       # a few minutes, defaults below
 //	go run ./bench -step 10s -rate-max 32000 -work 50ms -out /tmp/capacity
 //
 // It works in a schema (idem_bench_<random>) and under a Redis prefix
@@ -61,8 +63,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
-			"Capacity planner of idem: drives the guard (table and hybrid strategies) and the ceiling of its\n"+
-			"bare statements with open-loop load against PostgreSQL and Redis, and writes a report.\n\nFlags:\n")
+			"Capacity planner of idem: drives the guard (table and hybrid strategies), the ceiling of its\n"+
+			"bare statements and the minimal SQL with open-loop load against PostgreSQL and Redis, and\n"+
+			"writes a report.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	var (
@@ -85,6 +88,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		scenarios  = fs.String("scenarios", "unique,storm,mix", "scenarios: unique (every request a new intent), storm (every intent K times), mix (-dup retries)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies: table, hybrid")
 		ceiling    = fs.Bool("ceiling", true, "also run the ceiling: the same statements and commands without the guard")
+		minimal    = fs.Bool("minimal", true, "also run the minimal target: the least SQL that does the job, on a minimal table")
+		noiseRuns  = fs.Int("noise-runs", 3, "identical runs per target of the first scenario's lowest rate, to measure the noise (below 2: none)")
 		p99Limit   = fs.Duration("p99-limit", 250*time.Millisecond, "a step whose p99 exceeds this is saturated (0: no limit)")
 		outDir     = fs.String("out", "bench-report", "report directory (created; files in it are replaced)")
 	)
@@ -125,6 +130,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Scenarios:   split(*scenarios),
 		Strategies:  split(*strategies),
 		NoCeiling:   !*ceiling,
+		NoMinimal:   !*minimal,
+		NoiseRuns:   *noiseRuns,
 		Limits:      load.Limits{MaxP99: *p99Limit},
 		Command:     command(fs),
 		Progress:    stdout,
@@ -195,33 +202,51 @@ func command(fs *flag.FlagSet) string {
 	return strings.Join(parts, " ")
 }
 
-// summary prints the final summary: the guard's overhead and the answer.
+// summary prints the final summary: the overhead ratios, the noise and the
+// answer.
 func summary(w io.Writer, rep *report.Report) {
 	fmt.Fprintln(w)
 	if rep.Setup.Interrupted {
 		fmt.Fprintln(w, "INTERRUPTED: summary of the steps that ran")
 	}
-	fmt.Fprintf(w, "summary (%s)\n", rep.Setup.Finished.Sub(rep.Setup.Started).Round(time.Second))
-	fmt.Fprintf(w, "%-8s %-7s %11s %11s %7s %9s %9s %9s %7s\n",
-		"scenario", "strategy", "guard peak", "ceil peak", "ratio", "at req/s", "guard p99", "ceil p99", "ratio")
-	for _, o := range rep.Overheads() {
-		mark := func(sat bool) string {
-			if sat {
-				return "*"
-			}
-			return " "
+	fmt.Fprintf(w, "summary (%s): peaks in req/s, g/c = guard / ceiling (Go overhead), c/m = ceiling / minimal (SQL and schema)\n",
+		rep.Setup.Finished.Sub(rep.Setup.Started).Round(time.Second))
+	fmt.Fprintf(w, "%-8s %-7s %8s %8s %8s %6s %6s %8s %9s %9s %9s %6s %6s\n",
+		"scenario", "strategy", "guard", "ceiling", "minimal", "g/c", "c/m", "at req/s", "guard p99", "ceil p99", "min p99", "g/c", "c/m")
+	mark := func(sat bool) string {
+		if sat {
+			return "*"
 		}
-		at, gp, cp, pr := "-", "-", "-", "-"
-		if o.At > 0 {
-			at = strconv.FormatFloat(o.At, 'f', 0, 64)
-			gp, cp = o.GuardP99.Round(10*time.Microsecond).String(), o.CeilingP99.Round(10*time.Microsecond).String()
-			pr = strconv.FormatFloat(o.P99Ratio, 'f', 2, 64)
-		}
-		fmt.Fprintf(w, "%-8s %-7s %10.0f%s %10.0f%s %7.2f %9s %9s %9s %7s\n",
-			o.Scenario, o.Strategy, o.GuardPeak, mark(o.GuardSaturated), o.CeilingPeak, mark(o.CeilingSaturated),
-			o.ThroughputRatio, at, gp, cp, pr)
+		return " "
 	}
-	fmt.Fprintln(w, "(* saturated: the peak is that ladder's capacity; otherwise it kept up with every offered rate)")
+	num := func(v float64, prec int) string {
+		if v == 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(v, 'f', prec, 64)
+	}
+	dur := func(d time.Duration) string {
+		if d == 0 {
+			return "-"
+		}
+		return d.Round(10 * time.Microsecond).String()
+	}
+	for _, o := range rep.Overheads() {
+		fmt.Fprintf(w, "%-8s %-7s %7.0f%s %7.0f%s %7s%s %6s %6s %8s %9s %9s %9s %6s %6s\n",
+			o.Scenario, o.Strategy, o.GuardPeak, mark(o.GuardSaturated), o.CeilingPeak, mark(o.CeilingSaturated),
+			num(o.MinimalPeak, 0), mark(o.MinimalSaturated), num(o.ThroughputRatio, 2), num(o.MinimalRatio, 2),
+			num(o.At, 0), dur(o.GuardP99), dur(o.CeilingP99), dur(o.MinimalP99), num(o.P99Ratio, 2), num(o.MinimalP99Ratio, 2))
+	}
+	fmt.Fprintln(w, "(* saturated: the peak is that ladder's capacity; otherwise it kept up with every offered rate.")
+	fmt.Fprintln(w, " p99s at the highest offered rate no ladder of the strategy saturated. Targets: both throughput")
+	fmt.Fprintln(w, " ratios >= 0.9 at 8 and 32 closed-loop callers, measured by BenchmarkThroughput)")
+	noise := rep.Noise()
+	if noise.Pairs > 0 {
+		fmt.Fprintf(w, "noise: p99 of identical runs differ by up to %.0f%% (90th percentile of %d pairs at %.0f req/s of %s)\n",
+			100*noise.Threshold, noise.Pairs, noise.Offered, noise.Scenario)
+	} else {
+		fmt.Fprintf(w, "noise: not measured (no repeated steps); %.0f%% assumed\n", 100*noise.Threshold)
+	}
 	fmt.Fprintln(w)
 	for _, v := range rep.Answer() {
 		fmt.Fprintln(w, "answer: "+v.Text())

@@ -1,7 +1,9 @@
 // Package plan runs the capacity planner's ladders: for every scenario and
-// offered rate, a step of each strategy's guard and of its ceiling, until each
-// ladder saturates. It prints a progress line per step and returns the
-// report of what ran, also when interrupted.
+// offered rate, a step of each strategy's guard, of its ceiling and of the
+// minimal SQL, until each ladder saturates. Before the ladders it repeats
+// one identical step per target to measure the run's noise. It prints a
+// progress line per step and returns the report of what ran, also when
+// interrupted.
 package plan
 
 import (
@@ -46,6 +48,8 @@ type Config struct {
 	Scenarios   []string      // of Unique, Storm, Mix
 	Strategies  []string      // of target.Table, target.Hybrid
 	NoCeiling   bool          // skip the ceiling's ladders
+	NoMinimal   bool          // skip the minimal's ladders
+	NoiseRuns   int           // identical runs per target before the ladders (report.Report.Noise); below 2, none
 	Limits      load.Limits
 	Command     string    // the command line, for the report
 	Progress    io.Writer // progress lines; nil for none
@@ -65,6 +69,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("duplicate share %v must be in [0, 1)", c.Dup)
 	case len(c.Scenarios) == 0 || len(c.Strategies) == 0:
 		return errors.New("no scenario or no strategy")
+	case c.NoiseRuns < 0:
+		return fmt.Errorf("noise runs %d must not be negative", c.NoiseRuns)
 	}
 	for i, r := range c.Rates {
 		if !(r > 0) || (i > 0 && r <= c.Rates[i-1]) {
@@ -95,10 +101,28 @@ func (c *Config) pattern(scenario string, rate float64) load.Pattern {
 }
 
 func (c *Config) impls() []string {
-	if c.NoCeiling {
-		return []string{target.Guard}
+	impls := []string{target.Guard}
+	if !c.NoCeiling {
+		impls = append(impls, target.Ceiling)
 	}
-	return []string{target.Guard, target.Ceiling}
+	if !c.NoMinimal {
+		impls = append(impls, target.Minimal)
+	}
+	return impls
+}
+
+// alternate returns the indexes of n targets in order for even rounds and in
+// reverse for odd ones (ABBA), so that no target always runs first or right
+// after the same other one.
+func alternate(n, round int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	if round%2 == 1 {
+		slices.Reverse(idx)
+	}
+	return idx
 }
 
 // Run opens a fresh bench schema and Redis prefix, runs the ladders and
@@ -170,17 +194,46 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	}
 
 	fmt.Fprintln(out, report.Header())
+	if cfg.NoiseRuns > 1 {
+		// The noise: the same step (scenario, rate, target) run
+		// NoiseRuns times, targets in alternating order.
+		sc, rate := cfg.Scenarios[0], cfg.Rates[0]
+		pattern := cfg.pattern(sc, rate)
+		for run := range cfg.NoiseRuns {
+			for _, i := range alternate(len(ladders), run) {
+				l := ladders[i]
+				stepNo++
+				row, err := step(ctx, env, &cfg, l.t, sc, pattern, rate, stepNo)
+				if err != nil {
+					if ctx.Err() != nil {
+						return finish()
+					}
+					return nil, err
+				}
+				row.Strategy, row.Impl, row.Run = l.strategy, l.impl, run+1
+				rep.Repeats = append(rep.Repeats, row)
+				fmt.Fprintln(out, report.Line(row))
+				if row.Interrupted {
+					return finish()
+				}
+			}
+		}
+	}
 	for _, sc := range cfg.Scenarios {
 		alive := make([]bool, len(ladders))
 		for i := range alive {
 			alive[i] = true
 		}
-		for _, rate := range cfg.Rates {
+		for ri, rate := range cfg.Rates {
 			if !slices.Contains(alive, true) {
 				break
 			}
 			pattern := cfg.pattern(sc, rate)
-			for i, l := range ladders {
+			// Alternate the order from one rate to the next, so that a
+			// drift (a checkpoint, autovacuum, the previous step's
+			// leftovers) does not always fall on the same target.
+			for _, i := range alternate(len(ladders), ri) {
+				l := ladders[i]
 				if !alive[i] {
 					continue
 				}

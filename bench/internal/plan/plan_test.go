@@ -31,6 +31,7 @@ func TestValidate(t *testing.T) {
 		"scenario":  func(c *Config) { c.Scenarios = []string{"burst"} },
 		"strategy":  func(c *Config) { c.Strategies = []string{"redis"} },
 		"no strats": func(c *Config) { c.Strategies = nil },
+		"noise":     func(c *Config) { c.NoiseRuns = -1 },
 	} {
 		c := valid()
 		mutate(&c)
@@ -43,9 +44,20 @@ func TestPatternAndImpls(t *testing.T) {
 	require.Zero(t, c.pattern(Unique, 1000).DupShare())
 	require.InDelta(t, 0.8, c.pattern(Storm, 1000).DupShare(), 1e-9)
 	require.InDelta(t, 0.2, c.pattern(Mix, 1000).DupShare(), 1e-9)
+	require.Equal(t, []string{"guard", "ceiling", "minimal"}, c.impls())
+	c.NoMinimal = true
 	require.Equal(t, []string{"guard", "ceiling"}, c.impls())
 	c.NoCeiling = true
 	require.Equal(t, []string{"guard"}, c.impls())
+	c.NoMinimal = false
+	require.Equal(t, []string{"guard", "minimal"}, c.impls())
+}
+
+func TestAlternate(t *testing.T) {
+	require.Equal(t, []int{0, 1, 2}, alternate(3, 0))
+	require.Equal(t, []int{2, 1, 0}, alternate(3, 1))
+	require.Equal(t, []int{0, 1, 2}, alternate(3, 2))
+	require.Empty(t, alternate(0, 1))
 }
 
 type recorder []idem.Request

@@ -8,58 +8,128 @@ import (
 	"time"
 )
 
-// Overhead compares the guard with the ceiling of its own statements for one
-// scenario and strategy.
+// Overhead compares, for one scenario and strategy, the guard with the
+// ceiling of its own statements (the guard's Go overhead), and the ceiling
+// with the minimal SQL on the minimal table (the cost of the store's SQL and
+// schema against the bare job).
 type Overhead struct {
 	Scenario, Strategy string
 	// Peaks are the highest achieved throughputs of each ladder. A ladder
 	// that never saturated only shows that it kept up with the highest
-	// offered rate.
-	GuardPeak, CeilingPeak           float64
-	GuardSaturated, CeilingSaturated bool
-	// ThroughputRatio is GuardPeak / CeilingPeak.
-	ThroughputRatio float64
-	// At is the highest offered rate at which neither ladder was saturated;
-	// the p99 latencies and their ratio are those of that step. Zero when
-	// there is no such rate.
-	At                   float64
-	GuardP99, CeilingP99 time.Duration
-	P99Ratio             float64
+	// offered rate. MinimalPeak is 0 when the run had no minimal ladder.
+	GuardPeak, CeilingPeak, MinimalPeak                float64
+	GuardSaturated, CeilingSaturated, MinimalSaturated bool
+	// ThroughputRatio is GuardPeak / CeilingPeak; MinimalRatio is
+	// CeilingPeak / MinimalPeak, 0 without a minimal ladder.
+	ThroughputRatio, MinimalRatio float64
+	// At is the highest offered rate at which none of the ladders was
+	// saturated; the p99 latencies and their ratios are those of that step.
+	// Zero when there is no such rate.
+	At                               float64
+	GuardP99, CeilingP99, MinimalP99 time.Duration
+	// P99Ratio is GuardP99 / CeilingP99; MinimalP99Ratio is CeilingP99 /
+	// MinimalP99, 0 without a minimal ladder.
+	P99Ratio, MinimalP99Ratio float64
 }
 
-// Overheads returns the guard's overhead for every scenario and strategy with
-// both a guard and a ceiling ladder.
+// Overheads returns the overheads of every scenario and strategy with both a
+// guard and a ceiling ladder; the minimal's figures are filled in when it
+// ran too.
 func (r *Report) Overheads() []Overhead {
 	var out []Overhead
 	for _, sc := range r.Scenarios() {
 		for _, st := range []string{"table", "hybrid"} {
-			g, c := r.Series(sc, st, "guard"), r.Series(sc, st, "ceiling")
+			g, c, m := r.Series(sc, st, "guard"), r.Series(sc, st, "ceiling"), r.Series(sc, st, "minimal")
 			if len(g) == 0 || len(c) == 0 {
 				continue
 			}
 			o := Overhead{Scenario: sc, Strategy: st}
 			o.GuardPeak, o.GuardSaturated = peak(g)
 			o.CeilingPeak, o.CeilingSaturated = peak(c)
-			if o.CeilingPeak > 0 {
-				o.ThroughputRatio = o.GuardPeak / o.CeilingPeak
+			o.ThroughputRatio = ratio(o.GuardPeak, o.CeilingPeak)
+			if len(m) > 0 {
+				o.MinimalPeak, o.MinimalSaturated = peak(m)
+				o.MinimalRatio = ratio(o.CeilingPeak, o.MinimalPeak)
 			}
 			for _, gr := range g {
-				if gr.Saturated {
+				cr, ok := find(c, gr.Offered)
+				if gr.Saturated || !ok || cr.Saturated {
 					continue
 				}
-				i := slices.IndexFunc(c, func(cr Row) bool { return cr.Offered == gr.Offered && !cr.Saturated })
-				if i < 0 {
+				mr, mok := find(m, gr.Offered)
+				if len(m) > 0 && (!mok || mr.Saturated) {
 					continue
 				}
-				o.At, o.GuardP99, o.CeilingP99 = gr.Offered, gr.P99, c[i].P99
-				if c[i].P99 > 0 {
-					o.P99Ratio = float64(gr.P99) / float64(c[i].P99)
+				o.At, o.GuardP99, o.CeilingP99 = gr.Offered, gr.P99, cr.P99
+				o.P99Ratio = ratio(float64(gr.P99), float64(cr.P99))
+				if mok {
+					o.MinimalP99 = mr.P99
+					o.MinimalP99Ratio = ratio(float64(cr.P99), float64(mr.P99))
 				}
 			}
 			out = append(out, o)
 		}
 	}
 	return out
+}
+
+// RateRatios compares the implementations of one strategy at one offered
+// rate of one scenario: the ratios of their achieved throughputs and p99
+// latencies, at the same offered rate. A ratio is 0 when one of its two steps
+// did not run (its ladder had stopped).
+type RateRatios struct {
+	Scenario, Strategy string
+	Offered            float64
+	// Achieved: guard / ceiling and ceiling / minimal.
+	GuardCeiling, CeilingMinimal float64
+	// p99: guard / ceiling and ceiling / minimal.
+	P99GuardCeiling, P99CeilingMinimal float64
+	// Saturated lists the implementations saturated at this rate.
+	Saturated []string
+}
+
+// Ratios returns the ratios of every strategy at every offered rate of
+// scenario at which the guard and the ceiling, or the ceiling and the
+// minimal, both ran.
+func (r *Report) Ratios(scenario string) []RateRatios {
+	var out []RateRatios
+	for _, st := range []string{"table", "hybrid"} {
+		g, c, m := r.Series(scenario, st, "guard"), r.Series(scenario, st, "ceiling"), r.Series(scenario, st, "minimal")
+		for _, cr := range c {
+			gr, gok := find(g, cr.Offered)
+			mr, mok := find(m, cr.Offered)
+			if !gok && !mok {
+				continue
+			}
+			x := RateRatios{Scenario: scenario, Strategy: st, Offered: cr.Offered}
+			if gok {
+				x.GuardCeiling = ratio(gr.Achieved, cr.Achieved)
+				x.P99GuardCeiling = ratio(float64(gr.P99), float64(cr.P99))
+				if gr.Saturated {
+					x.Saturated = append(x.Saturated, "guard")
+				}
+			}
+			if cr.Saturated {
+				x.Saturated = append(x.Saturated, "ceiling")
+			}
+			if mok {
+				x.CeilingMinimal = ratio(cr.Achieved, mr.Achieved)
+				x.P99CeilingMinimal = ratio(float64(cr.P99), float64(mr.P99))
+				if mr.Saturated {
+					x.Saturated = append(x.Saturated, "minimal")
+				}
+			}
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
 }
 
 func peak(rows []Row) (best float64, saturated bool) {
@@ -88,7 +158,6 @@ type Verdict struct {
 	DupShare float64
 	// P99From and ThroughputFrom are the lowest offered rates from which the
 	// hybrid beat the table at every higher rate measured, on p99 latency
-	// (at least 10% lower, or the table saturated and the hybrid did not)
 	// (lower by more than Noise, or the table saturated and the hybrid did not)
 	// and on throughput (at least 5% higher, or the same saturation rule);
 	// 0 when it did not.
@@ -99,42 +168,88 @@ type Verdict struct {
 	// MaxOffered is the highest offered rate either strategy was run at.
 	MaxOffered float64
 	// Noise is the relative p99 difference below which two steps are not
-	// told apart (see [Report.Noise]).
+	// told apart (see [Report.Noise]'s Threshold).
 	Noise float64
 }
 
-// Noise estimates how much p99 latency differs between two steps for no
-// reason but chance on this setup: the 75th percentile, over every offered
-// rate at which a guard and the ceiling of its own statements both kept up, of
-// |ln(p99 guard / p99 ceiling)|, turned back into a ratio minus one. The
-// guard's own overhead (microseconds) is small against these differences, so
-// this slightly overstates the noise, which errs on the side of "no
-// difference". At least 10%; 25% when fewer than 4 pairs were measured.
-func (r *Report) Noise() float64 {
-	var logs []float64
-	for _, g := range r.Rows {
-		if g.Impl != "guard" || g.Saturated || g.Interrupted || g.P99 <= 0 {
+// Noise is how much the p99 latency of two identical steps differs for no
+// reason but chance on this setup, measured in the run itself.
+type Noise struct {
+	// Threshold is the relative p99 difference below which two steps are
+	// not told apart: the 90th percentile, over every pair of identical
+	// runs of one target, of |ln(p99 a / p99 b)|, turned back into a ratio
+	// minus one; at least MinNoise. DefaultNoise when not measured.
+	Threshold float64
+	// Pairs is the number of pairs of identical runs it comes from; 0
+	// when the run had no repeats (Threshold is then DefaultNoise).
+	Pairs int
+	// Scenario and Offered say which step was repeated.
+	Scenario string
+	Offered  float64
+	// Spreads are each target's runs.
+	Spreads []Spread
+}
+
+// Spread is the p99 of each identical run of one target, and their range:
+// max / min - 1.
+type Spread struct {
+	Strategy, Impl string
+	P99s           []time.Duration
+	Range          float64
+}
+
+// Bounds of the noise threshold: a floor below which a p99 difference is
+// never counted (HdrHistogram's precision and timer jitter), and the
+// threshold used when no repeats ran.
+const (
+	MinNoise     = 0.05
+	DefaultNoise = 0.25
+)
+
+// Noise estimates the run's p99 noise from its Repeats: the same step
+// (scenario, offered rate, target) run several times. Runs that saturated or
+// were interrupted are left out.
+func (r *Report) Noise() Noise {
+	n := Noise{Threshold: DefaultNoise}
+	type target struct{ strategy, impl string }
+	var order []target
+	runs := map[target][]time.Duration{}
+	for _, row := range r.Repeats {
+		n.Scenario, n.Offered = row.Scenario, row.Offered
+		if row.Saturated || row.Interrupted || row.P99 <= 0 {
 			continue
 		}
-		for _, c := range r.Series(g.Scenario, g.Strategy, "ceiling") {
-			if c.Offered == g.Offered && !c.Saturated && c.P99 > 0 {
-				logs = append(logs, math.Abs(math.Log(float64(g.P99)/float64(c.P99))))
+		k := target{row.Strategy, row.Impl}
+		if _, ok := runs[k]; !ok {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], row.P99)
+	}
+	var logs []float64
+	for _, k := range order {
+		p := runs[k]
+		for i := range p {
+			for j := i + 1; j < len(p); j++ {
+				logs = append(logs, math.Abs(math.Log(float64(p[i])/float64(p[j]))))
 			}
 		}
+		n.Spreads = append(n.Spreads, Spread{Strategy: k.strategy, Impl: k.impl, P99s: p,
+			Range: float64(slices.Max(p))/float64(slices.Min(p)) - 1})
 	}
-	if len(logs) < 4 {
-		return 0.25
+	if len(logs) == 0 {
+		return n
 	}
 	slices.Sort(logs)
-	q := logs[(len(logs)*3)/4]
-	return max(0.10, math.Exp(q)-1)
+	n.Pairs = len(logs)
+	n.Threshold = max(MinNoise, math.Exp(logs[int(0.9*float64(len(logs)-1)+0.5)])-1)
+	return n
 }
 
 // Answer returns a Verdict per scenario that has both strategies' guard
 // ladders. The hybrid beats the table on p99 at a rate when its p99 is lower
 // by more than the run's Noise, or when only the table saturated there.
 func (r *Report) Answer() []Verdict {
-	noise := r.Noise()
+	noise := r.Noise().Threshold
 	var out []Verdict
 	for _, sc := range r.Scenarios() {
 		t, h := r.Series(sc, "table", "guard"), r.Series(sc, "hybrid", "guard")

@@ -18,14 +18,22 @@ import (
 type series struct {
 	strategy, impl string
 	color          color.Color
-	dashed         bool
 }
 
+var (
+	tableColor  = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
+	hybridColor = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}
+)
+
+// allSeries: a colour per strategy; the guard solid with circles, the
+// ceiling dashed with squares, the minimal dotted with triangles.
 var allSeries = []series{
-	{"table", "guard", color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, false},
-	{"hybrid", "guard", color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, false},
-	{"table", "ceiling", color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, true},
-	{"hybrid", "ceiling", color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, true},
+	{"table", "guard", tableColor},
+	{"hybrid", "guard", hybridColor},
+	{"table", "ceiling", tableColor},
+	{"hybrid", "ceiling", hybridColor},
+	{"table", "minimal", tableColor},
+	{"hybrid", "minimal", hybridColor},
 }
 
 // PlotP99 draws p99 latency against offered load, one panel per scenario,
@@ -84,13 +92,16 @@ func (r *Report) plot(path, ylabel string, logY bool, y func(Row) float64, diago
 			}
 			line.Color = s.color
 			line.Width = vg.Points(1.5)
-			if s.dashed {
-				line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
-			}
 			points.Color = s.color
-			points.Shape = draw.CircleGlyph{}
-			if s.dashed {
+			switch s.impl {
+			case "ceiling":
+				line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
 				points.Shape = draw.BoxGlyph{}
+			case "minimal":
+				line.Dashes = []vg.Length{vg.Points(1.5), vg.Points(2.5)}
+				points.Shape = draw.TriangleGlyph{}
+			default:
+				points.Shape = draw.CircleGlyph{}
 			}
 			p.Add(line, points)
 			p.Legend.Add(s.strategy+" "+s.impl, line, points)

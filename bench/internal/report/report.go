@@ -10,14 +10,17 @@ import (
 )
 
 // Row is one step of one target: a strategy (table or hybrid) through one
-// implementation (the guard, or the ceiling of its bare statements) at one
-// offered rate of one scenario.
+// implementation (the guard, the ceiling of its bare statements, or the
+// minimal SQL) at one offered rate of one scenario.
 type Row struct {
 	Scenario string  // unique, storm, mix
 	Pattern  string  // the scenario's parameters, e.g. "storm K=5 in 20ms"
 	DupShare float64 // share of requests that are retries
 	Strategy string  // table, hybrid
-	Impl     string  // guard, ceiling
+	Impl     string  // guard, ceiling, minimal
+	// Run numbers a repeat of the noise phase (1, 2, ...); 0 for a
+	// ladder's step.
+	Run int
 
 	Offered  float64 // requests per second scheduled
 	Achieved float64 // requests per second completed without error
@@ -89,7 +92,12 @@ type Setup struct {
 // Report is everything a run measured.
 type Report struct {
 	Setup Setup
-	Rows  []Row
+	// Rows are the ladders' steps.
+	Rows []Row
+	// Repeats are the noise phase's steps: one step (the first scenario's
+	// lowest offered rate) run several times per target, from which
+	// [Report.Noise] comes. They are not part of the ladders.
+	Repeats []Row
 }
 
 // Scenarios returns the scenarios present, in order of first appearance.
@@ -151,6 +159,9 @@ func Line(r Row) string {
 		status = "interrupted"
 	case r.Saturated:
 		status = "SATURATED: " + r.Note
+	}
+	if r.Run > 0 {
+		status = fmt.Sprintf("repeat %d: %s", r.Run, status)
 	}
 	return fmt.Sprintf("%-8s %-8s %-8s %8.0f %8.0f %9s %9s %9s %9s %6.2f %6.2f %6.2f %7.2f  %s",
 		r.Scenario, r.Strategy, r.Impl, r.Offered, r.Achieved, ms(r.P50), ms(r.P90), ms(r.P99), ms(r.P999),

@@ -1,7 +1,8 @@
 // Package target sets up what the capacity planner drives: the real
-// idem.Guard under each strategy, and the ceiling, the same SQL statements
-// and Redis commands issued directly through pgx and go-redis, on a schema
-// and a Redis key prefix of its own. It also reads the server-side counters
+// idem.Guard under each strategy; the ceiling, the same SQL statements and
+// Redis commands issued directly through pgx and go-redis; and the minimal
+// target, the least SQL that does the same job on the least schema; on a
+// schema and a Redis key prefix of their own. It also reads the server-side counters
 // (pg_stat_user_tables, WAL position, Redis INFO commandstats) that turn a
 // step into writes and commands per request.
 package target
@@ -24,11 +25,13 @@ import (
 	"github.com/idemguard/idem/durable"
 )
 
-// Tables of the bench schema: the guard's and the ceiling's, so that the
-// per-table statistics of one never include the other's writes.
+// Tables of the bench schema: the guard's, the ceiling's (both migrated with
+// durable.Migrate) and the minimal one, so that the per-table statistics of
+// one never include another's writes.
 const (
 	GuardTable   = "guard_keys"
 	CeilingTable = "ceiling_keys"
+	MinimalTable = "minimal_keys"
 )
 
 // Config says where the servers are and how big the client pools are.
@@ -59,7 +62,8 @@ type Env struct {
 
 // Open connects to both servers, creates a fresh schema idem_bench_<hex>
 // holding the guard's and the ceiling's tables (migrated with
-// durable.Migrate), and picks a fresh Redis prefix idembench:<hex>:.
+// durable.Migrate) and the minimal table, and picks a fresh Redis prefix
+// idembench:<hex>:.
 func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
@@ -110,6 +114,9 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 		if err := durable.Migrate(ctx, pool, &durable.Config{Schema: env.Schema, Table: table}); err != nil {
 			return env, err
 		}
+	}
+	if err := createMinimalTable(ctx, env); err != nil {
+		return env, err
 	}
 	_, err = pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
 	env.forceFlush = err == nil

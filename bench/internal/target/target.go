@@ -24,6 +24,7 @@ const (
 	Hybrid  = "hybrid"
 	Guard   = "guard"
 	Ceiling = "ceiling"
+	Minimal = "minimal"
 )
 
 // The answer every request's work returns: a 201 with a Location and a small
@@ -36,8 +37,8 @@ var (
 	answerBody = []byte(`{"id":"ord_0123456789","status":"confirmed","hold_ids":[88211,88212],"amount":4200,"currency":"EUR"}`)
 )
 
-// Target serves one request of the bench, through the guard or through the
-// ceiling's bare statements.
+// Target serves one request of the bench, through the guard, through the
+// ceiling's bare statements, or through the minimal SQL on the minimal table.
 type Target interface {
 	// Do handles req, whose work sleeps for the configured latency. It
 	// returns the idem.Outcome name of what happened ("executed",
@@ -48,16 +49,18 @@ type Target interface {
 	Table() string
 }
 
-// New returns the target of strategy (Table or Hybrid) and impl (Guard or
-// Ceiling) on env, whose work takes work.
+// New returns the target of strategy (Table or Hybrid) and impl (Guard,
+// Ceiling or Minimal) on env, whose work takes work.
 func New(env *Env, strategy, impl string, work time.Duration) (Target, error) {
 	switch impl {
 	case Guard:
 		return newGuard(env, strategy, work)
 	case Ceiling:
 		return newCeiling(env, strategy, work)
+	case Minimal:
+		return newMinimal(env, strategy, work)
 	}
-	return nil, fmt.Errorf("unknown implementation %q (want guard or ceiling)", impl)
+	return nil, fmt.Errorf("unknown implementation %q (want guard, ceiling or minimal)", impl)
 }
 
 func sleepWork(ctx context.Context, d time.Duration) error {
@@ -167,11 +170,15 @@ func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
 func (c *ceiling) Table() string { return CeilingTable }
 
 // token returns a fresh 16-byte owner token, cheaply.
-func (c *ceiling) token() [16]byte {
+func (c *ceiling) token() [16]byte { return nextToken(&c.tokens) }
+
+// nextToken returns a fresh 16-byte owner token from a counter: unique
+// within the process, which is all a bench target needs.
+func nextToken(n *atomic.Uint64) [16]byte {
 	var t [16]byte
-	n := c.tokens.Add(1)
+	v := n.Add(1)
 	for i := range 8 {
-		t[i] = byte(n >> (8 * i))
+		t[i] = byte(v >> (8 * i))
 	}
 	t[15] = 1
 	return t
@@ -186,8 +193,14 @@ type row struct {
 
 // queryRow runs a statement that returns at most one row.
 func (c *ceiling) queryRow(ctx context.Context, sql string, args ...any) (row, error) {
+	return queryRow(ctx, c.env, sql, args...)
+}
+
+// queryRow runs a statement that returns at most one row, through env's
+// counting DB, and reads what a decision needs from its raw values.
+func queryRow(ctx context.Context, env *Env, sql string, args ...any) (row, error) {
 	var r row
-	rows, err := c.env.PGStatements.Query(ctx, sql, args...)
+	rows, err := env.PGStatements.Query(ctx, sql, args...)
 	if err != nil {
 		return r, err
 	}
