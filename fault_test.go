@@ -201,8 +201,8 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	}
 	r := &rig{t: t, strategy: o.strategy, store: fs, mr: o.mr}
 	var first redis.UniversalClient
-	if o.strategy == "hybrid" {
-		first = o.redis
+	if o.strategy == "hybrid" || o.strategy == "mixed" {
+		first = o.redis // "mixed": this hybrid instance, plus the table peer
 	}
 	clients := append([]redis.UniversalClient{first}, o.peers...)
 	if o.peerTable {
@@ -1055,6 +1055,8 @@ func TestFaultMixedFleet(t *testing.T) {
 	c := testredis.Client(t)
 	r := newRig(t, rigOpts{strategy: "mixed", pool: pool, dbcfg: dbcfg, redis: c, prefix: testredis.Prefix(t, c),
 		leaseTTL: redisLeaseTTL, workTO: redisWorkTimeout, peerTable: true})
+	require.Equal(t, idem.StrategyHybrid, r.insts[0].guard.Strategy())
+	require.Equal(t, idem.StrategyTable, r.insts[1].guard.Strategy())
 	all, _ := r.load(8, 2*time.Second, markSlow, nil)
 	f := figures{scenario: "mixed-fleet", strategy: "mixed"}
 	r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
