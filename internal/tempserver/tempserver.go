@@ -1,6 +1,7 @@
 // Package tempserver starts throwaway servers for fault-injection tests: a
-// redis-server on a free port of 127.0.0.1, and a PostgreSQL cluster created
-// with initdb in a temporary directory and run with pg_ctl. Tests may kill and
+// redis-server on a free port of 127.0.0.1, a Redis Cluster of six of them
+// (three masters, three replicas), and a PostgreSQL cluster created with
+// initdb in a temporary directory and run with pg_ctl. Tests may kill and
 // restart them at will; everything is stopped and deleted when the test ends.
 //
 // When a binary is missing the test is skipped, except under CI=true, where
@@ -68,6 +69,8 @@ type Redis struct {
 	bin  string
 	dir  string
 	port int
+	args []string // further arguments (a cluster node's)
+	log  string   // the server's log file when it has one, else its output is kept
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -117,6 +120,10 @@ func (r *Redis) Start() error {
 		"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
 		"--daemonize", "no", "--loglevel", "warning")
+	cmd.Args = append(cmd.Args, r.args...)
+	if r.log != "" {
+		cmd.Args = append(cmd.Args, "--logfile", r.log)
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = childAttr(nil)
 	if err := cmd.Start(); err != nil {
@@ -135,6 +142,10 @@ func (r *Redis) Start() error {
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done
+		if r.log != "" {
+			b, _ := readTail(r.log, 2000)
+			out = bytes.NewBufferString(b)
+		}
 		return fmt.Errorf("redis-server on port %d: %w; output: %s", r.port, err, out.String())
 	}
 	r.cmd, r.done, r.out = cmd, done, out
@@ -336,6 +347,12 @@ func version(binDir string) int {
 func isExec(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+// readTail returns the last n bytes of the file at path.
+func readTail(path string, n int) (string, error) {
+	b, err := os.ReadFile(path)
+	return string(tail(b, n)), err
 }
 
 func tail(b []byte, n int) []byte {

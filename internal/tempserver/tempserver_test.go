@@ -2,6 +2,7 @@ package tempserver_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemguard/idem/internal/tempserver"
+	"github.com/idemguard/idem/internal/testredis"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -53,4 +55,83 @@ func TestPostgresStopAndStart(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SELECT x FROM t").Scan(&x))
 	require.Equal(t, 1, x, "data survives a crash and restart")
 	require.Equal(t, srv.URL(), srv.URLVia(srv.Addr()))
+}
+
+// Six nodes, three masters: a master killed with SIGKILL is replaced by its
+// replica, keeping what reached the replica, and comes back as a replica of
+// it when restarted.
+func TestRedisClusterFailover(t *testing.T) {
+	start := time.Now()
+	cl := tempserver.StartRedisCluster(t)
+	t.Logf("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	ctx := context.Background()
+	require.Len(t, cl.Nodes(), 6)
+	require.Len(t, cl.Addrs(), 6)
+	c := testredis.Cluster(t, cl.Addrs())
+
+	masters, err := cl.Masters(ctx)
+	require.NoError(t, err)
+	require.Len(t, masters, 3)
+	roles := map[string]int{}
+	for _, n := range cl.Nodes() {
+		role, err := n.Role(ctx)
+		require.NoError(t, err)
+		roles[role]++
+	}
+	require.Equal(t, map[string]int{"master": 3, "replica": 3}, roles)
+
+	// Keys on every master; each is found on the master MasterOf names.
+	keysOf := map[*tempserver.Redis][]string{}
+	for i := 0; len(keysOf) < 3 || i < 30; i++ {
+		key := fmt.Sprint("key-", i)
+		require.NoError(t, c.Set(ctx, key, key, 0).Err())
+		m, err := cl.MasterOf(ctx, key)
+		require.NoError(t, err)
+		require.Contains(t, masters, m)
+		keysOf[m] = append(keysOf[m], key)
+		direct := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		require.Equal(t, key, direct.Get(ctx, key).Val(), "the key lives on the master of its slot")
+		require.NoError(t, direct.Close())
+	}
+
+	victim := masters[1]
+	replica, err := cl.ReplicaOf(ctx, victim)
+	require.NoError(t, err)
+	require.NotContains(t, masters, replica)
+	direct := redis.NewClient(&redis.Options{Addr: victim.Addr()})
+	defer direct.Close()
+	// WAIT: every write so far has reached the replica.
+	require.EqualValues(t, 1, direct.Do(ctx, "WAIT", 1, 2000).Val())
+	resume, err := replica.CutReplication(ctx)
+	require.NoError(t, err)
+	// Acknowledged by the master, never replicated.
+	lost := keysOf[victim][0]
+	require.NoError(t, c.Set(ctx, lost, "overwritten", 0).Err())
+	require.Zero(t, direct.Do(ctx, "WAIT", 1, 100).Val(), "the replica is cut off")
+
+	require.NoError(t, victim.Kill())
+	killed := time.Now()
+	require.False(t, victim.Running())
+	require.NoError(t, cl.WaitReady(15*time.Second))
+	t.Logf("replica promoted in %v", time.Since(killed).Round(time.Millisecond))
+	require.NoError(t, resume(ctx))
+	after, err := cl.Masters(ctx)
+	require.NoError(t, err)
+	require.Len(t, after, 3)
+	require.NotContains(t, after, victim)
+	require.Contains(t, after, replica)
+	promoted, err := cl.MasterOf(ctx, lost)
+	require.NoError(t, err)
+	require.Equal(t, replica, promoted, "the victim's replica serves its slots")
+	require.Eventually(t, func() bool { return c.Get(ctx, lost).Err() == nil }, 5*time.Second, 50*time.Millisecond)
+	for _, key := range keysOf[victim] {
+		require.Equal(t, key, c.Get(ctx, key).Val(), "replicated before the kill, so kept; the later write is lost")
+	}
+
+	require.NoError(t, victim.Start())
+	require.NoError(t, cl.WaitReady(15*time.Second))
+	role, err := victim.Role(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "replica", role, "a restarted master rejoins as a replica of its successor")
+	t.Logf("all done in %v", time.Since(start).Round(time.Millisecond))
 }

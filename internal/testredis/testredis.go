@@ -5,9 +5,11 @@
 package testredis
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -69,4 +71,46 @@ func Prefix(tb testing.TB, c redis.UniversalClient) string {
 		}
 	})
 	return p
+}
+
+// Cluster returns a Redis Cluster client of the nodes at addrs, configured
+// as the lock wants a client (context deadlines honoured, no retries inside
+// a node's client, a dial timeout below the lock's Timeout), closed at
+// cleanup. The cluster client itself still follows MOVED and ASK and, up to
+// MaxRedirects (3) times within the lock's Timeout, resends a command whose
+// node failed: a SET NX resent after a lost reply reports the caller's own
+// lease as taken, and the guard's durable claim sorts that out.
+//
+// It reloads the slot map every second. go-redis learns of a failover only
+// when a node answers MOVED or the map is reloaded (by default every 60s): a
+// master that died answers nothing, so until a reload every lease of its
+// slots is refused as unavailable, even after its replica has taken over.
+func Cluster(tb testing.TB, addrs []string) *redis.ClusterClient {
+	tb.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                      addrs,
+		ContextTimeoutEnabled:      true,
+		MaxRetries:                 -1,
+		DialTimeout:                250 * time.Millisecond,
+		DialerRetries:              1,
+		ClusterStateReloadInterval: time.Second,
+	})
+	tb.Cleanup(func() {
+		_ = c.Close()
+		waitDialProbes(3 * time.Second)
+	})
+	return c
+}
+
+// waitDialProbes waits up to d until no go-redis dial probe runs. A pool
+// whose dials to a node all failed (a killed node) probes it every second in
+// a goroutine that notices the pool's Close only when it wakes up; goleak
+// would report it.
+func waitDialProbes(d time.Duration) {
+	buf := make([]byte, 4<<20)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if n := runtime.Stack(buf, true); !bytes.Contains(buf[:n], []byte("pool.(*ConnPool).tryDial")) {
+			return
+		}
+	}
 }
