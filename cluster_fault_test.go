@@ -383,7 +383,7 @@ func TestFaultRedisClusterFailover(t *testing.T) {
 			}
 
 			f := figures{scenario: "redis-cluster-failover", strategy: strategy, faults: 1, recovered: recoveredIn}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+			r.finish(t, &f, all, faultLeaseTTL+time.Second)
 			f.log(t)
 			t.Logf("FAILOVER strategy=%-6s promoted_in=%v leases_back_in=%v leases_lost=%d in_flight_lost=%d leases_retaken_while_running=%d",
 				strategy, promotedIn.Round(time.Millisecond), backIn.Round(time.Millisecond), len(lost), inFlightLost, retaken)

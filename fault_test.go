@@ -474,13 +474,12 @@ type figures struct {
 	intents            int
 	executions         int
 	maxExec            int
-	doubles            int            // intents charged more than once
-	why                map[string]int // reason -> intents charged twice
-	settled, released  int            // pending keys the reconciler settled or released
-	answersLost        int            // final answers that do not replay, outside explained doubles
-	diverged           int            // final answers that do not replay, inside explained doubles
-	detected           uint64         // Stats.DoubleExecutions: claims found taken over after the work
-	lostStores         int            // intents whose answer could not be stored after the work
+	doubles            int    // intents charged more than once (the test fails)
+	settled, released  int    // pending keys the reconciler settled or released
+	answersLost        int    // intents whose replay is not the answer of their one charge
+	diverged           int    // final answers a client was told that the replay contradicts
+	detected           uint64 // Stats.DoubleExecutions: claims found taken over after the work
+	lostStores         int    // intents whose answer could not be stored after the work
 	served500          int64
 	status503          int64
 	status409          int64
@@ -490,20 +489,12 @@ type figures struct {
 
 func (f figures) log(t *testing.T) {
 	t.Helper()
-	why := "-"
-	if len(f.why) > 0 {
-		var parts []string
-		for k, v := range f.why {
-			parts = append(parts, fmt.Sprintf("%s:%d", k, v))
-		}
-		why = strings.Join(parts, ",")
-	}
 	recovered := "n/a"
 	if f.recovered > 0 {
 		recovered = f.recovered.Round(time.Millisecond).String()
 	}
-	t.Logf("RELIABILITY scenario=%-22s strategy=%-6s requests=%5d faults=%3d intents=%4d executions=%4d max_exec_per_intent=%d double_exec=%d (%s; detected=%d) answers_lost=%d answers_diverged=%d stores_failed=%d settled=%d released=%d http_409=%d http_500=%d http_503=%d fallbacks=%d recovered_in=%s",
-		f.scenario, f.strategy, f.requests, f.faults, f.intents, f.executions, f.maxExec, f.doubles, why, f.detected,
+	t.Logf("RELIABILITY scenario=%-22s strategy=%-6s requests=%5d faults=%3d intents=%4d executions=%4d max_exec_per_intent=%d double_exec=%d (detected=%d) answers_lost=%d answers_diverged=%d stores_failed=%d settled=%d released=%d http_409=%d http_500=%d http_503=%d fallbacks=%d recovered_in=%s",
+		f.scenario, f.strategy, f.requests, f.faults, f.intents, f.executions, f.maxExec, f.doubles, f.detected,
 		f.answersLost, f.diverged, f.lostStores, f.settled, f.released, f.status409, f.served500, f.status503, f.fallbacks, recovered)
 }
 
@@ -511,9 +502,9 @@ func (f figures) log(t *testing.T) {
 // over), reconciles the keys still in progress the way a reconciler would
 // (settle with the answer of the charge that happened, or release when
 // nothing was charged), then replays every intent and checks it against what
-// clients were told. explain names the reason an intent was charged twice
-// ("" when there is none: the test fails).
-func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Duration, explain func(in *intent) string) {
+// clients were told. An intent that ran twice, or an answer a client was
+// told that its replay contradicts, fails the test.
+func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	parallel := func(fn func(i int, in *intent)) {
@@ -589,33 +580,20 @@ func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Durati
 		ch := in.charged()
 		f.executions += len(ch)
 		f.maxExec = max(f.maxExec, len(ch))
-		reason := ""
 		if len(ch) > 1 {
 			f.doubles++
-			reason = explain(in)
-			if reason == "" {
-				t.Errorf("intent %s charged %d times with no explanation", in.key, len(ch))
-				reason = "UNEXPLAINED"
-			}
-			if f.why == nil {
-				f.why = map[string]int{}
-			}
-			f.why[reason]++
+			t.Errorf("intent %s charged %d times", in.key, len(ch))
 		}
 		in.mu.Lock()
 		finals := append([]view(nil), in.finals...)
 		in.mu.Unlock()
 		for _, got := range finals {
-			switch {
-			case got == v:
-			case reason != "":
+			if got != v {
 				f.diverged++
-			default:
-				f.answersLost++
 				t.Errorf("intent %s: a client was told %d %q, the replay is %d %q", in.key, got.status, got.body, v.status, v.body)
 			}
 		}
-		if len(finals) == 0 && len(ch) == 1 && reason == "" {
+		if len(finals) == 0 && len(ch) == 1 {
 			// Nobody was told; the replay must be the one charge's answer.
 			a := ch[0].answer
 			if v.status != a.Status || v.body != string(a.Body) {
@@ -735,7 +713,7 @@ func TestFaultRedisKilled(t *testing.T) {
 		require.NoError(t, srv.Start())
 	})
 	f := figures{scenario: "redis-killed", strategy: "hybrid", faults: 1, recovered: recovered}
-	r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+	r.finish(t, &f, all, faultLeaseTTL+time.Second)
 	require.NotZero(t, f.fallbacks, "requests during the outage fall back to the table claim")
 	inFlight := 0
 	for _, in := range all {
@@ -777,7 +755,7 @@ func TestFaultRedisSlowAndReset(t *testing.T) {
 		to = time.Now()
 	})
 	f := figures{scenario: "redis-slow-reset", strategy: "hybrid", faults: faults, recovered: recovered}
-	r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+	r.finish(t, &f, all, faultLeaseTTL+time.Second)
 	require.NotZero(t, f.fallbacks)
 	require.False(t, from.IsZero() || to.IsZero())
 	r.fresh(t)
@@ -818,7 +796,7 @@ func TestFaultPostgresDown(t *testing.T) {
 				}
 			})
 			f := figures{scenario: "postgres-" + tc.fault, strategy: tc.strategy, faults: 1, recovered: recovered}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+			r.finish(t, &f, all, faultLeaseTTL+time.Second)
 			require.NotZero(t, f.status503, "requests during the outage are refused with 503")
 			r.fresh(t)
 			// An instance started during the outage, then the outage ends:
@@ -872,7 +850,7 @@ CREATE TRIGGER slow_store BEFORE INSERT OR UPDATE ON `+table+` FOR EACH ROW EXEC
 				require.NoError(t, err)
 			})
 			f := figures{scenario: "pg-statement-timeout", strategy: strategy, recovered: recovered}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+			r.finish(t, &f, all, faultLeaseTTL+time.Second)
 			for _, in := range all {
 				if r.store.lost(in) {
 					f.faults++
@@ -919,7 +897,7 @@ func TestFaultLeaseExpiresDuringWork(t *testing.T) {
 	f.faults = len(forwards)
 	fw := append([]time.Time(nil), forwards...)
 	mu.Unlock()
-	r.finish(t, &f, all, time.Second, noExplanation)
+	r.finish(t, &f, all, time.Second)
 	require.NotZero(t, f.faults)
 	require.Len(t, fw, f.faults)
 	r.fresh(t)
@@ -1004,7 +982,7 @@ func TestFaultCrashBetweenWorkAndStore(t *testing.T) {
 				r.mr.FastForward(faultLeaseTTL + time.Second)
 			}
 			f := figures{scenario: "crash-before-store", strategy: strategy, faults: int(r.store.crashes.Load()), recovered: recovered}
-			r.finish(t, &f, all, 500*time.Millisecond, noExplanation)
+			r.finish(t, &f, all, 500*time.Millisecond)
 			require.NotZero(t, f.faults)
 			require.LessOrEqual(t, f.settled, f.faults, "only crashed keys waited for the reconciler")
 			require.NotZero(t, f.settled, "crashed keys waited for the reconciler")
@@ -1042,9 +1020,6 @@ func TestFaultHybridLostStoreStaysInProgress(t *testing.T) {
 	require.Equal(t, first, r.send(ctx, in, false), "settled to the answer the client was told")
 }
 
-// noExplanation: no intent may run twice in any scenario.
-func noExplanation(*intent) string { return "" }
-
 // A fleet in the middle of a rolling deploy: one instance on the hybrid
 // strategy, one on the table strategy, over one table. Requests and their
 // concurrent retries alternate between the two while slow payment calls are
@@ -1059,7 +1034,7 @@ func TestFaultMixedFleet(t *testing.T) {
 	require.Equal(t, idem.StrategyTable, r.insts[1].guard.Strategy())
 	all, _ := r.load(8, 2*time.Second, markSlow, nil)
 	f := figures{scenario: "mixed-fleet", strategy: "mixed"}
-	r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+	r.finish(t, &f, all, faultLeaseTTL+time.Second)
 	require.NotZero(t, f.status409, "retries reached one instance while the other ran the work")
 	r.fresh(t)
 	f.log(t)
@@ -1083,7 +1058,7 @@ func TestFaultPartialPartition(t *testing.T) {
 		require.NoError(t, proxy.Resume())
 	})
 	f := figures{scenario: "partial-partition", strategy: "hybrid", faults: 1, recovered: recovered}
-	r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+	r.finish(t, &f, all, faultLeaseTTL+time.Second)
 	require.NotZero(t, f.fallbacks, "the cut-off instance fell back to the table claim")
 	r.fresh(t)
 	f.log(t)
@@ -1121,7 +1096,7 @@ func TestFaultRedisBusy(t *testing.T) {
 				require.NoError(t, proxy.Resume())
 			})
 			f := figures{scenario: "redis-" + fault, strategy: "hybrid", faults: 1, recovered: recovered}
-			r.finish(t, &f, all, faultLeaseTTL+time.Second, noExplanation)
+			r.finish(t, &f, all, faultLeaseTTL+time.Second)
 			require.NotZero(t, f.fallbacks, "SET NX timed out and fell back to the table claim")
 			r.fresh(t)
 			f.log(t)
