@@ -155,8 +155,12 @@ const (
 // Strategy names how a Guard decides who runs.
 type Strategy string
 
+// The strategies, as Guard.Strategy reports them.
 const (
-	StrategyTable  Strategy = "table"
+	// StrategyTable: the durable claim alone decides who runs.
+	StrategyTable Strategy = "table"
+	// StrategyHybrid: a lease (Config.Lock) filters retries before the
+	// same durable claim.
 	StrategyHybrid Strategy = "hybrid"
 )
 
