@@ -1,6 +1,9 @@
 package durable
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // columns is the select list every statement that returns rows uses, in the
 // order scanRecord reads them.
@@ -25,7 +28,7 @@ func newStatements(t string) *statements {
 		"{t}", t,
 		"{cols}", columns,
 	)
-	return &statements{
+	st := &statements{
 		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
 		//
 		// upd takes over an expired row; ins inserts the row when there is
@@ -101,30 +104,6 @@ UPDATE {t} SET
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND completed_at IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
 
-		// complete, announcing the key when it wrote: $8 channel, $9 tag.
-		completeNotify: r.Replace(`
-WITH u AS (
-	UPDATE {t} SET
-		response_status  = $4,
-		response_headers = $5,
-		response_body    = $6,
-		completed_at     = now()
-	WHERE user_id = $1 AND key = $2 AND owner_token = $3
-		AND completed_at IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'
-	RETURNING 1
-)
-SELECT pg_notify($8, $9) FROM u`),
-
-		// release, announcing the key when it deleted: $5 channel, $6 tag.
-		releaseNotify: r.Replace(`
-WITH d AS (
-	DELETE FROM {t}
-	WHERE user_id = $1 AND key = $2 AND owner_token = $3
-		AND completed_at IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'
-	RETURNING 1
-)
-SELECT pg_notify($5, $6) FROM d`),
-
 		// $1 scope, $2 key, $3 owner, $4 retention.
 		release: r.Replace(`
 DELETE FROM {t}
@@ -149,4 +128,16 @@ WHERE (user_id, key) IN (
 	FOR UPDATE SKIP LOCKED
 )`),
 	}
+	// The same writes announcing their key when they changed a row
+	// (Config.Notify): complete's $8 and release's $5 are the channel, the
+	// next parameter the key's tag.
+	st.completeNotify = withNotify(st.complete, 8)
+	st.releaseNotify = withNotify(st.release, 5)
+	return st
+}
+
+// withNotify wraps a write of one row so that, when it changed the row, it
+// also pg_notify's parameter $n (the channel) with $n+1 (the payload).
+func withNotify(write string, n int) string {
+	return "WITH w AS (" + write + "\nRETURNING 1\n)\nSELECT pg_notify($" + strconv.Itoa(n) + ", $" + strconv.Itoa(n+1) + ") FROM w"
 }
