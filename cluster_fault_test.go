@@ -71,46 +71,7 @@ func TestClusterGuard(t *testing.T) {
 		require.Len(t, masters, 3)
 		for _, m := range masters {
 			r := req("racer", clusterIntent(t, cl, l, m, "racer"), `{"hold_ids":[88211]}`)
-			const n = 64
-			var executions atomic.Int32
-			outcomes := make([]idem.Outcome, n)
-			bodies := make([]string, n)
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for i := range n {
-				wg.Go(func() {
-					<-start
-					resp, out, err := g.Do(ctx, r, func(context.Context) (idem.Response, error) {
-						executions.Add(1)
-						time.Sleep(20 * time.Millisecond) // hold the claim while others arrive
-						return created(fmt.Sprint("winner-", i)), nil
-					})
-					if out != idem.OutcomeInProgress {
-						require.NoError(t, err)
-					}
-					outcomes[i], bodies[i] = out, string(resp.Body)
-				})
-			}
-			close(start)
-			wg.Wait()
-			require.EqualValues(t, 1, executions.Load(), m.Addr())
-			executed, answer := 0, ""
-			for i, o := range outcomes {
-				switch o {
-				case idem.OutcomeExecuted:
-					executed++
-					answer = bodies[i]
-				case idem.OutcomeInProgress, idem.OutcomeReplayed:
-				default:
-					t.Fatalf("goroutine %d: unexpected outcome %v", i, o)
-				}
-			}
-			require.Equal(t, 1, executed)
-			for i, o := range outcomes {
-				if o == idem.OutcomeReplayed {
-					require.Equal(t, answer, bodies[i])
-				}
-			}
+			raceOneKey(t, g, r, m.Addr())
 			exists, err := c.Exists(ctx, l.Key(r.Scope, r.Key)).Result()
 			require.NoError(t, err)
 			require.EqualValues(t, 1, exists, "the lease is on the cluster: %+v", g.Stats())

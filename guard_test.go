@@ -267,49 +267,56 @@ func nil2xx(t *testing.T) idem.Work {
 func TestRaceExactlyOnce(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
-		r := req("racer", newKey(), `{"hold_ids":[88211]}`)
-		const n = 64
-		var executions atomic.Int32
-		outcomes := make([]idem.Outcome, n)
-		bodies := make([]string, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Go(func() {
-				<-start
-				resp, out, err := b.guard.Do(context.Background(), r, func(context.Context) (idem.Response, error) {
-					executions.Add(1)
-					time.Sleep(20 * time.Millisecond) // hold the claim while others arrive
-					return created(fmt.Sprint("winner-", i)), nil
-				})
-				if out != idem.OutcomeInProgress {
-					require.NoError(t, err)
-				}
-				outcomes[i], bodies[i] = out, string(resp.Body)
-			})
-		}
-		close(start)
-		wg.Wait()
-		require.EqualValues(t, 1, executions.Load())
-		var executed int
-		var answer string
-		for i, o := range outcomes {
-			switch o {
-			case idem.OutcomeExecuted:
-				executed++
-				answer = bodies[i]
-			case idem.OutcomeInProgress, idem.OutcomeReplayed:
-			default:
-				t.Fatalf("goroutine %d: unexpected outcome %v", i, o)
-			}
-		}
-		require.Equal(t, 1, executed)
-		for i, o := range outcomes {
-			if o == idem.OutcomeReplayed {
-				require.Equal(t, answer, bodies[i])
-			}
-		}
+		raceOneKey(t, b.guard, req("racer", newKey(), `{"hold_ids":[88211]}`))
 	})
+}
+
+// raceOneKey sends r through g from 64 goroutines at once, with a work that
+// holds its claim for 20ms, and requires exactly one execution: every other
+// request is told "in progress" or replayed the one answer.
+func raceOneKey(t *testing.T, g *idem.Guard, r idem.Request, msgAndArgs ...any) {
+	t.Helper()
+	const n = 64
+	var executions atomic.Int32
+	outcomes := make([]idem.Outcome, n)
+	bodies := make([]string, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			resp, out, err := g.Do(context.Background(), r, func(context.Context) (idem.Response, error) {
+				executions.Add(1)
+				time.Sleep(20 * time.Millisecond) // hold the claim while others arrive
+				return created(fmt.Sprint("winner-", i)), nil
+			})
+			if out != idem.OutcomeInProgress {
+				require.NoError(t, err)
+			}
+			outcomes[i], bodies[i] = out, string(resp.Body)
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, executions.Load(), msgAndArgs...)
+	var executed int
+	var answer string
+	for i, o := range outcomes {
+		switch o {
+		case idem.OutcomeExecuted:
+			executed++
+			answer = bodies[i]
+		case idem.OutcomeInProgress, idem.OutcomeReplayed:
+		default:
+			t.Fatalf("goroutine %d: unexpected outcome %v", i, o)
+		}
+	}
+	require.Equal(t, 1, executed, msgAndArgs...)
+	for i, o := range outcomes {
+		if o == idem.OutcomeReplayed {
+			require.Equal(t, answer, bodies[i], msgAndArgs...)
+		}
+	}
 }
 
 // A 5xx is never stored: the key stays in progress (also after the hybrid's
