@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
+	"github.com/idemguard/idem/lock"
 )
 
 // runMainEnv makes the test binary behave as the checkout command, so that
@@ -287,4 +288,20 @@ func (w *readyWriter) Write(p []byte) (int, error) {
 		w.once.Do(func() { w.addr <- m[1] })
 	}
 	return n, err
+}
+
+// deleteLeasesAtCleanup deletes, when t ends, the Redis leases the service
+// took for the keys that each names. The service's leases live under its
+// own "idem:" prefix, keyed by a hash of (scope, key): random users and keys
+// cannot meet another test's. Deleting them beats leaving them to their TTL.
+func deleteLeasesAtCleanup(t *testing.T, each func(del func(user, key string))) {
+	t.Helper()
+	rdb := testredis.Client(t)
+	locker, err := lock.New(rdb, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		each(func(user, key string) { rdb.Del(ctx, locker.Key(user, key)) })
+	})
 }

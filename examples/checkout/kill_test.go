@@ -46,7 +46,6 @@ import (
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
-	"github.com/idemguard/idem/lock"
 	"github.com/idemguard/idem/reconcile"
 )
 
@@ -182,17 +181,9 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 		})
 	}
 	if strategy == "hybrid" {
-		// The service's leases live under its own "idem:" prefix, keyed by a
-		// hash of (scope, key): random users and keys cannot meet another
-		// test's. Delete them rather than leave them to their TTL.
-		rdb := testredis.Client(t)
-		locker, err := lock.New(rdb, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
+		deleteLeasesAtCleanup(t, func(del func(user, key string)) {
 			for _, in := range intents {
-				rdb.Del(ctx, locker.Key(in.user, in.key))
+				del(in.user, in.key)
 			}
 		})
 	}

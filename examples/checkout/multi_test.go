@@ -21,7 +21,6 @@ import (
 
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
-	"github.com/idemguard/idem/lock"
 )
 
 func TestStormAcrossInstances(t *testing.T) {
@@ -119,17 +118,9 @@ func testStormAcrossInstances(t *testing.T, strategy string, strategyArgs []stri
 		}
 	}
 	if strategy == "hybrid" {
-		// The service's leases live under its own "idem:" prefix, keyed by a
-		// hash of (scope, key): random users and keys cannot meet another
-		// test's. Delete them rather than leave them to their TTL.
-		rdb := testredis.Client(t)
-		locker, err := lock.New(rdb, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
+		deleteLeasesAtCleanup(t, func(del func(user, key string)) {
 			for _, in := range intents {
-				rdb.Del(ctx, locker.Key(in.user, in.key))
+				del(in.user, in.key)
 			}
 		})
 	}
