@@ -365,7 +365,7 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 	seen := make(map[ident]bool)
 	for {
 		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
-		due, err := r.rows.due(lctx, conn, r.cfg.MinAge, r.cfg.BatchSize)
+		batch, err := r.rows.listDue(lctx, conn, r.cfg.MinAge, r.cfg.BatchSize)
 		cancel()
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -374,7 +374,7 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 			return err
 		}
 		progress := false
-		for _, d := range due {
+		for _, d := range batch {
 			id := ident{d.Scope, d.Key, d.Owner}
 			if seen[id] {
 				continue
@@ -386,14 +386,14 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 			progress = true
 			r.handle(ctx, conn, d, res)
 		}
-		if len(due) < r.cfg.BatchSize || !progress {
+		if len(batch) < r.cfg.BatchSize || !progress {
 			return ctx.Err()
 		}
 	}
 }
 
 // handle resolves one key and applies the decision, counting it in res.
-func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d due, res *Result) {
+func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, res *Result) {
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
 		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
@@ -481,7 +481,7 @@ func (d Decision) validate() error {
 // postpone records one more failed attempt and hides the key for its
 // backoff. It reports whether the key was postponed; otherwise it has counted
 // the key in res (skipped or error).
-func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d due, res *Result) bool {
+func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d dueRow, res *Result) bool {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
 	err := r.rows.postponeKey(ctx, conn, d, attempts, delay)

@@ -39,8 +39,8 @@ WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND created_at >= now() - $6::bigint * interval '1 microsecond'`
 )
 
-// due is an in-progress row to look at now, with its reconciliation state.
-type due struct {
+// dueRow is an in-progress row to look at now, with its reconciliation state.
+type dueRow struct {
 	Scope, Key  string
 	Fingerprint durable.Fingerprint
 	Owner       durable.Token
@@ -63,24 +63,24 @@ func newRows(store Store) rows {
 	}
 }
 
-// due lists up to limit live in-progress rows created more than olderThan
+// listDue lists up to limit live in-progress rows created more than olderThan
 // ago whose reconciliation is due, oldest first.
-func (r rows) due(ctx context.Context, db durable.DB, olderThan time.Duration, limit int) ([]due, error) {
+func (r rows) listDue(ctx context.Context, db durable.DB, olderThan time.Duration, limit int) ([]dueRow, error) {
 	rs, err := db.Query(ctx, r.listDue, r.retention, olderThan.Microseconds(), limit)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rs, func(row pgx.CollectableRow) (due, error) {
+	return pgx.CollectRows(rs, func(row pgx.CollectableRow) (dueRow, error) {
 		var (
-			d           due
+			d           dueRow
 			hash, owner []byte
 			attempts    int32
 		)
 		if err := row.Scan(&d.Scope, &d.Key, &hash, &owner, &d.CreatedAt, &attempts); err != nil {
-			return due{}, err
+			return dueRow{}, err
 		}
 		if len(hash) != len(d.Fingerprint) || len(owner) != len(d.Owner) {
-			return due{}, fmt.Errorf("row has a %d-byte request_hash and a %d-byte owner_token", len(hash), len(owner))
+			return dueRow{}, fmt.Errorf("row has a %d-byte request_hash and a %d-byte owner_token", len(hash), len(owner))
 		}
 		copy(d.Fingerprint[:], hash)
 		copy(d.Owner[:], owner)
@@ -95,7 +95,7 @@ var errGone = errors.New("reconcile: the key changed since it was listed")
 
 // postpone records one more failed attempt on the claim of owner and hides
 // it for delay.
-func (r rows) postponeKey(ctx context.Context, db durable.DB, d due, attempts int, delay time.Duration) error {
+func (r rows) postponeKey(ctx context.Context, db durable.DB, d dueRow, attempts int, delay time.Duration) error {
 	if attempts > math.MaxInt32 {
 		attempts = math.MaxInt32
 	}

@@ -51,9 +51,9 @@ FROM `+b.store.Table()+` WHERE user_id = 'user-1' AND key = $1`, key).Scan(&atte
 	return attempts, after, inFuture
 }
 
-func (b *rowsBundle) due(t *testing.T, olderThan time.Duration, limit int) ([]string, []due) {
+func (b *rowsBundle) due(t *testing.T, olderThan time.Duration, limit int) ([]string, []dueRow) {
 	t.Helper()
-	ds, err := b.rows.due(b.ctx, b.pool, olderThan, limit)
+	ds, err := b.rows.listDue(b.ctx, b.pool, olderThan, limit)
 	require.NoError(t, err)
 	var keys []string
 	for _, d := range ds {
@@ -111,7 +111,7 @@ func TestRowsDue(t *testing.T) {
 func TestRowsPostpone(t *testing.T) {
 	b := setupRows(t)
 	owner := b.claim(t, "key-1")
-	d := due{Scope: "user-1", Key: "key-1", Owner: owner}
+	d := dueRow{Scope: "user-1", Key: "key-1", Owner: owner}
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, d, 1, 0))
 	attempts, after, inFuture := b.state(t, "key-1")
 	require.Equal(t, 1, attempts)
@@ -127,7 +127,7 @@ func TestRowsPostpone(t *testing.T) {
 	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", owner, durable.Answer{Status: 201}))
 	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, d, 2, time.Minute), errGone)
 
-	q := due{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}
+	q := dueRow{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}
 	b.age(t, "key-2", "25 hours")
 	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, q, 1, time.Minute), errGone, "an expired row")
 }
@@ -136,7 +136,7 @@ func TestRowsPostpone(t *testing.T) {
 // of the old one.
 func TestTakeoverResetsReconcileState(t *testing.T) {
 	b := setupRows(t)
-	old := due{Scope: "user-1", Key: "key-1", Owner: b.claim(t, "key-1")}
+	old := dueRow{Scope: "user-1", Key: "key-1", Owner: b.claim(t, "key-1")}
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, old, 7, 48*time.Hour))
 	b.age(t, "key-1", "25 hours")
 
