@@ -50,23 +50,23 @@ type dueRow struct {
 
 // rows runs the reconciler's statements on one table.
 type rows struct {
-	listDue, postpone string
-	retention         int64 // microseconds
+	listSQL, postponeSQL string // for this table
+	retention            int64  // microseconds
 }
 
 func newRows(store Store) rows {
 	t := store.Table()
 	return rows{
-		listDue:   fmt.Sprintf(listDueSQL, t),
-		postpone:  fmt.Sprintf(postponeSQL, t),
-		retention: store.Retention().Microseconds(),
+		listSQL:     fmt.Sprintf(listDueSQL, t),
+		postponeSQL: fmt.Sprintf(postponeSQL, t),
+		retention:   store.Retention().Microseconds(),
 	}
 }
 
 // listDue lists up to limit live in-progress rows created more than olderThan
 // ago whose reconciliation is due, oldest first.
 func (r rows) listDue(ctx context.Context, db durable.DB, olderThan time.Duration, limit int) ([]dueRow, error) {
-	rs, err := db.Query(ctx, r.listDue, r.retention, olderThan.Microseconds(), limit)
+	rs, err := db.Query(ctx, r.listSQL, r.retention, olderThan.Microseconds(), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func (r rows) postponeKey(ctx context.Context, db durable.DB, d dueRow, attempts
 	if attempts > math.MaxInt32 {
 		attempts = math.MaxInt32
 	}
-	tag, err := db.Exec(ctx, r.postpone, d.Scope, d.Key, d.Owner[:], int32(attempts), delay.Microseconds(), r.retention)
+	tag, err := db.Exec(ctx, r.postponeSQL, d.Scope, d.Key, d.Owner[:], int32(attempts), delay.Microseconds(), r.retention)
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ FROM `+b.store.Table()+` WHERE user_id = 'user-1' AND key = $1`, key).Scan(&atte
 	return attempts, after, inFuture
 }
 
-func (b *rowsBundle) due(t *testing.T, olderThan time.Duration, limit int) ([]string, []dueRow) {
+func (b *rowsBundle) listDue(t *testing.T, olderThan time.Duration, limit int) ([]string, []dueRow) {
 	t.Helper()
 	ds, err := b.rows.listDue(b.ctx, b.pool, olderThan, limit)
 	require.NoError(t, err)
@@ -78,16 +78,16 @@ func TestRowsDue(t *testing.T) {
 	b.claim(t, "expired")
 	b.age(t, "expired", "25 hours")
 
-	keys, ds := b.due(t, 5*time.Minute, 10)
+	keys, ds := b.listDue(t, 5*time.Minute, 10)
 	require.Equal(t, []string{"k30", "k20", "k10"}, keys)
 	for _, d := range ds {
 		require.Zero(t, d.Attempts)
 		require.Equal(t, owners[d.Key], d.Owner)
 		require.Equal(t, durable.Fingerprint{1}, d.Fingerprint)
 	}
-	keys, _ = b.due(t, 5*time.Minute, 2)
+	keys, _ = b.listDue(t, 5*time.Minute, 2)
 	require.Equal(t, []string{"k30", "k20"}, keys)
-	keys, _ = b.due(t, 0, 10)
+	keys, _ = b.listDue(t, 0, 10)
 	require.Equal(t, []string{"k30", "k20", "k10", "fresh"}, keys)
 
 	// Postponed: hidden until its time has come on the database clock.
@@ -96,12 +96,12 @@ func TestRowsDue(t *testing.T) {
 	require.Equal(t, 3, attempts)
 	require.NotNil(t, after)
 	require.True(t, inFuture)
-	keys, _ = b.due(t, 5*time.Minute, 10)
+	keys, _ = b.listDue(t, 5*time.Minute, 10)
 	require.Equal(t, []string{"k20", "k10"}, keys)
 
 	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET reconcile_after = now() - interval '1 second' WHERE key = 'k30'`)
 	require.NoError(t, err)
-	keys, ds = b.due(t, 5*time.Minute, 10)
+	keys, ds = b.listDue(t, 5*time.Minute, 10)
 	require.Equal(t, []string{"k30", "k20", "k10"}, keys)
 	require.Equal(t, 3, ds[0].Attempts)
 }
@@ -146,7 +146,7 @@ func TestTakeoverResetsReconcileState(t *testing.T) {
 	require.Nil(t, after)
 
 	b.age(t, "key-1", "2 minutes")
-	keys, ds := b.due(t, time.Minute, 10)
+	keys, ds := b.listDue(t, time.Minute, 10)
 	require.Equal(t, []string{"key-1"}, keys)
 	require.Equal(t, next, ds[0].Owner)
 }
