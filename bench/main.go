@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemguard/idem/bench/internal/bigtable"
 	"github.com/idemguard/idem/bench/internal/load"
 	"github.com/idemguard/idem/bench/internal/plan"
 	"github.com/idemguard/idem/bench/internal/report"
@@ -59,6 +60,9 @@ func envOr(name, def string) string {
 
 // run is the command with its arguments; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "bigtable" { // the big-table bench: go run ./bench bigtable -h
+		return bigtable.Command(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
