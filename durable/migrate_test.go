@@ -69,7 +69,7 @@ func TestMigrate(t *testing.T) {
 		cfg := &durable.Config{Schema: b.schema}
 		require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
 		require.True(t, b.exists(t, "idempotency_keys"))
-		require.Equal(t, []int64{1, 2}, b.versions(t, "idempotency_keys"))
+		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "idempotency_keys"))
 		require.Equal(t, []string{
 			"idem_migrations",
 			"idem_migrations_pkey",
@@ -77,10 +77,14 @@ func TestMigrate(t *testing.T) {
 			"idempotency_keys",
 			"idempotency_keys_answer_check",
 			"idempotency_keys_created_at_idx",
-			"idempotency_keys_in_progress_idx",
 			"idempotency_keys_owner_token_check",
 			"idempotency_keys_pkey",
 			"idempotency_keys_pkey",
+			"idempotency_keys_reconcile",
+			"idempotency_keys_reconcile_after_idx",
+			"idempotency_keys_reconcile_one",
+			"idempotency_keys_reconcile_pkey",
+			"idempotency_keys_reconcile_pkey",
 			"idempotency_keys_request_hash_check",
 			"idempotency_keys_status_check",
 		}, b.objects(t))
@@ -120,7 +124,7 @@ func TestMigrate(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.True(t, b.exists(t, "idempotency_keys"))
-		require.Equal(t, []int64{1, 2}, b.versions(t, "idempotency_keys"))
+		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "idempotency_keys"))
 	})
 
 	t.Run("concurrent calls for two tables of a fresh schema", func(t *testing.T) {
@@ -146,7 +150,7 @@ func TestMigrate(t *testing.T) {
 		}
 		for _, table := range tables {
 			require.True(t, b.exists(t, table))
-			require.Equal(t, []int64{1, 2}, b.versions(t, table))
+			require.Equal(t, []int64{1, 2, 3}, b.versions(t, table))
 		}
 	})
 
@@ -161,14 +165,18 @@ func TestMigrate(t *testing.T) {
 			"orders_idem",
 			"orders_idem_answer_check",
 			"orders_idem_created_at_idx",
-			"orders_idem_in_progress_idx",
 			"orders_idem_owner_token_check",
 			"orders_idem_pkey",
 			"orders_idem_pkey",
+			"orders_idem_reconcile",
+			"orders_idem_reconcile_after_idx",
+			"orders_idem_reconcile_one",
+			"orders_idem_reconcile_pkey",
+			"orders_idem_reconcile_pkey",
 			"orders_idem_request_hash_check",
 			"orders_idem_status_check",
 		}, b.objects(t))
-		require.Equal(t, []int64{1, 2}, b.versions(t, "orders_idem"))
+		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "orders_idem"))
 		require.Empty(t, b.versions(t, "idempotency_keys"))
 
 		store, err := durable.New(b.pool, cfg)
@@ -235,7 +243,7 @@ func TestMigrateDown(t *testing.T) {
 	require.False(t, b.exists(t, "idempotency_keys"))
 	require.Empty(t, b.versions(t, "idempotency_keys"))
 	require.True(t, b.exists(t, "other_keys"), "other tables untouched")
-	require.Equal(t, []int64{1, 2}, b.versions(t, "other_keys"))
+	require.Equal(t, []int64{1, 2, 3}, b.versions(t, "other_keys"))
 
 	require.NoError(t, durable.MigrateDown(b.ctx, b.pool, cfg), "no-op the second time")
 	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg), "can migrate up again")

@@ -10,9 +10,10 @@ import (
 	"github.com/idemguard/idem/migrations"
 )
 
-// TestMigration0002AsIs applies the reconcile columns the way golang-migrate
-// would, on top of 0001, down and up again.
-func TestMigration0002AsIs(t *testing.T) {
+// TestMigrationsAsIs applies the migration files the way golang-migrate
+// would, each later one down and up again, and checks that the store works on
+// the result.
+func TestMigrationsAsIs(t *testing.T) {
 	b := setupMigrate(t)
 	_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
 	require.NoError(t, err)
@@ -28,6 +29,9 @@ func TestMigration0002AsIs(t *testing.T) {
 		"0002_add_reconcile_columns.up.sql",
 		"0002_add_reconcile_columns.down.sql",
 		"0002_add_reconcile_columns.up.sql",
+		"0003_hot_answer_writes.up.sql",
+		"0003_hot_answer_writes.down.sql",
+		"0003_hot_answer_writes.up.sql",
 	} {
 		sql, err := migrations.FS.ReadFile(name)
 		require.NoError(t, err)
@@ -46,4 +50,13 @@ func TestMigration0002AsIs(t *testing.T) {
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT reconcile_attempts, reconcile_after::text FROM idempotency_keys`).Scan(&attempts, &after))
 	require.Zero(t, attempts)
 	require.Nil(t, after)
+	require.NoError(t, store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+
+	// 0003: fillfactor on the table, the reconciler's index and state table.
+	var opts []string
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&opts))
+	require.Equal(t, []string{"fillfactor=80"}, opts)
+	var n int
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys_reconcile`).Scan(&n))
+	require.Zero(t, n)
 }
