@@ -3,8 +3,8 @@
 // A request whose work ended in a 5xx or an error ("we don't know whether the
 // payment went through"), or whose process died mid-work, leaves its key in
 // progress: every retry gets idem.ErrInProgress (409). A [Reconciler] finds
-// those keys, oldest first, once they have been in progress longer than
-// [Config.MinAge], and asks a [ResolveFunc] of yours what really happened,
+// those keys once they have been in progress longer than [Config.MinAge], and
+// asks a [ResolveFunc] of yours what really happened,
 // for example by asking the payment provider about the downstream key the
 // request used. The answer decides:
 //
@@ -43,6 +43,17 @@
 //	}, nil)
 //	if err != nil { ... }
 //	go rec.Run(ctx)
+//
+// # Finding due keys
+//
+// No index lists in-progress rows, so that the answer write stays a HOT
+// update (migration 0003). A run lists postponed keys whose backoff ended
+// through a partial index on reconcile_after, then keys never looked at
+// through the created_at index, over the rows created since the last run's
+// scan less an overlap of MinAge, up to now - MinAge. Where that scan ended
+// is kept in the table's <table>_reconcile row, so it survives restarts and
+// changes of the reconciling instance. A claim whose commit reached the table
+// more than twice MinAge after its statement began is not listed.
 //
 // A key is in progress while its work runs, too. [Config.MinAge] must be
 // longer than the longest time a request may hold its key (the Guard's
@@ -326,10 +337,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one reconciliation, for tests and cron-style use. Under the
-// table's reconcile lock, it lists due keys in progress for longer than
-// MinAge, oldest first, BatchSize at a time, and handles each: resolve, then
-// settle, release or postpone. It stops when no due key is left (or only
-// keys it already handled in this run, whose store calls failed).
+// table's reconcile lock, it lists due keys BatchSize at a time and handles
+// each: resolve, then settle, release or postpone. Due keys are, in this
+// order: postponed keys whose backoff ended, in the order it ended; then keys
+// in progress for longer than MinAge that no run has looked at yet, oldest
+// first. It stops when no due key is left (or only keys it already handled in
+// this run, whose store calls failed).
 //
 // It returns what it did. The error is nil when the run went through, even
 // if some keys failed (they are counted in Result.Errors and logged); it
@@ -356,44 +369,111 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 }
 
 // run lists and handles due keys on conn, the connection that holds the
-// reconcile lock.
+// reconcile lock: first the postponed keys whose backoff ended, then the keys
+// never looked at, from where the last run's scan ended (less an overlap of
+// MinAge) to now - MinAge. It then marks where this scan ended, or, when a
+// key could be neither settled, released nor postponed, just before that key,
+// so that the next run lists it again.
 func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) error {
 	type ident struct {
 		scope, key string
 		owner      durable.Token
 	}
 	seen := make(map[ident]bool)
-	for {
-		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
-		batch, err := r.rows.listDue(lctx, conn, r.cfg.MinAge, r.cfg.BatchSize)
-		cancel()
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return cerr
-			}
-			return err
-		}
-		progress := false
-		for _, d := range batch {
+	// handleAll handles the keys of batch not seen yet in this run. It
+	// reports how many it handled, and the first one still due after it.
+	handleAll := func(batch []dueRow) (handled int, stuck *dueRow, err error) {
+		for i, d := range batch {
 			id := ident{d.Scope, d.Key, d.Owner}
 			if seen[id] {
 				continue
 			}
 			if err := ctx.Err(); err != nil {
-				return err
+				return handled, stuck, err
 			}
 			seen[id] = true
-			progress = true
-			r.handle(ctx, conn, d, res)
+			handled++
+			if !r.handle(ctx, conn, d, res) && stuck == nil {
+				stuck = &batch[i]
+			}
 		}
-		if len(batch) < r.cfg.BatchSize || !progress {
-			return ctx.Err()
+		return handled, stuck, nil
+	}
+	// list runs a listing under StoreTimeout; a failure after ctx ended is
+	// ctx's.
+	list := func(fn func(ctx context.Context) ([]dueRow, error)) ([]dueRow, error) {
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
+		defer cancel()
+		batch, err := fn(lctx)
+		if cerr := ctx.Err(); err != nil && cerr != nil {
+			return nil, cerr
+		}
+		return batch, err
+	}
+
+	for {
+		batch, err := list(func(ctx context.Context) ([]dueRow, error) {
+			return r.rows.listPostponed(ctx, conn, r.cfg.BatchSize)
+		})
+		if err != nil {
+			return err
+		}
+		// A key whose postponement failed is listed again: seen.
+		handled, _, err := handleAll(batch)
+		if err != nil {
+			return err
+		}
+		if len(batch) < r.cfg.BatchSize || handled == 0 {
+			break
 		}
 	}
+
+	var from, to time.Time
+	if _, err := list(func(ctx context.Context) (_ []dueRow, err error) {
+		from, to, err = r.rows.window(ctx, conn, r.cfg.MinAge, r.cfg.MinAge)
+		return nil, err
+	}); err != nil {
+		return err
+	}
+	var stuck *dueRow
+	for pos := (cursor{CreatedAt: from}); ; {
+		batch, err := list(func(ctx context.Context) ([]dueRow, error) {
+			return r.rows.listNew(ctx, conn, pos, to, r.cfg.BatchSize)
+		})
+		if err != nil {
+			return err
+		}
+		_, st, err := handleAll(batch)
+		if err != nil {
+			return err
+		}
+		if stuck == nil {
+			stuck = st
+		}
+		if len(batch) < r.cfg.BatchSize {
+			break
+		}
+		pos = batch[len(batch)-1].after()
+	}
+	if err := ctx.Err(); err != nil {
+		return err // stopped: the next run scans this window again
+	}
+	mark := to
+	if stuck != nil {
+		mark = stuck.CreatedAt.Add(-time.Microsecond)
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
+	defer cancel()
+	if err := r.rows.mark(mctx, conn, mark); err != nil {
+		return fmt.Errorf("mark the scan: %w", err)
+	}
+	return nil
 }
 
-// handle resolves one key and applies the decision, counting it in res.
-func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, res *Result) {
+// handle resolves one key and applies the decision, counting it in res. It
+// reports whether the key is no longer due: settled, released, postponed, or
+// changed by someone else.
+func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, res *Result) bool {
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
 		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
@@ -403,7 +483,7 @@ func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, r
 	}
 	if ctx.Err() != nil {
 		// Stopping: the resolver was cut short. Leave the key due, untouched.
-		return
+		return false
 	}
 	// The decision is made: record it even if ctx ends from now on.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
@@ -412,16 +492,19 @@ func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, r
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile resolver failed; the key stays in progress",
 			slog.Int("attempts", it.Attempts), slog.Any("error", err))
-		if r.postpone(sctx, conn, log, d, res) {
+		postponed, due := r.postpone(sctx, conn, log, d, res)
+		if postponed {
 			res.Errors++
 		}
-		return
+		return !due
 	}
 	switch dec.Verdict {
 	case Unknown:
-		if r.postpone(sctx, conn, log, d, res) {
+		postponed, due := r.postpone(sctx, conn, log, d, res)
+		if postponed {
 			res.Unknown++
 		}
+		return !due
 	case Settled, NothingHappened:
 		if dec.Verdict == Settled {
 			err = r.guard.Settle(sctx, d.Scope, d.Key, it.Intent, dec.Response)
@@ -438,7 +521,8 @@ func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, r
 			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not apply its decision; the key stays in progress",
 				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
 			// A failing call must not be retried at every run: back off.
-			r.postpone(sctx, conn, log, d, &Result{})
+			_, due := r.postpone(sctx, conn, log, d, &Result{})
+			return !due
 		case dec.Verdict == Settled:
 			res.Settled++
 			log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile settled a key",
@@ -450,6 +534,7 @@ func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, r
 				slog.Int("attempts", it.Attempts), slog.Duration("age", time.Since(d.CreatedAt)))
 		}
 	}
+	return true
 }
 
 // call runs the resolver with its timeout, turning a panic into an error.
@@ -479,9 +564,10 @@ func (d Decision) validate() error {
 }
 
 // postpone records one more failed attempt and hides the key for its
-// backoff. It reports whether the key was postponed; otherwise it has counted
-// the key in res (skipped or error).
-func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d dueRow, res *Result) bool {
+// backoff. It reports whether the key was postponed, and whether it is still
+// due: it is not when postponed or changed by someone else meanwhile (counted
+// in res as skipped); it is when the store failed (counted as an error).
+func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d dueRow, res *Result) (postponed, due bool) {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
 	err := r.rows.postponeKey(ctx, conn, d, attempts, delay)
@@ -489,15 +575,15 @@ func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog
 	case gone(err):
 		res.Skipped++
 		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
-		return false
+		return false, false
 	case err != nil:
 		res.Errors++
 		log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not postpone the key", slog.Any("error", err))
-		return false
+		return false, true
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile could not learn the outcome; will try again",
 		slog.Int("attempts", attempts), slog.Duration("retry_in", delay))
-	return true
+	return true, false
 }
 
 // backoff is the wait after the given number of failed attempts (1 or more):

@@ -3,9 +3,11 @@ package reconcile
 import (
 	"context"
 	"crypto/rand"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -37,9 +39,15 @@ func (b *rowsBundle) claim(t *testing.T, key string) durable.Token {
 	return owner
 }
 
+// age moves a row's created_at back by, as if it had been claimed that long
+// ago. The mark of the reconciler's scan, if any, moves before it: no scan
+// could have passed a row before it was due.
 func (b *rowsBundle) age(t *testing.T, key, by string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = created_at - $2::interval WHERE user_id = 'user-1' AND key = $1`, key, by)
+	var created time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = created_at - $2::interval
+WHERE user_id = 'user-1' AND key = $1 RETURNING created_at`, key, by).Scan(&created))
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+stateTable(b.store.Table())+` SET scanned_to = least(scanned_to, $1::timestamptz - interval '1 microsecond')`, created)
 	require.NoError(t, err)
 }
 
@@ -51,20 +59,42 @@ FROM `+b.store.Table()+` WHERE user_id = 'user-1' AND key = $1`, key).Scan(&atte
 	return attempts, after, inFuture
 }
 
-func (b *rowsBundle) listDue(t *testing.T, olderThan time.Duration, limit int) ([]string, []dueRow) {
-	t.Helper()
-	ds, err := b.rows.listDue(b.ctx, b.pool, olderThan, limit)
-	require.NoError(t, err)
+func keysOf(ds []dueRow) []string {
 	var keys []string
 	for _, d := range ds {
 		keys = append(keys, d.Key)
 	}
-	return keys, ds
+	return keys
 }
 
-// Due rows: live, in progress, older than the age, not postponed into the
-// future; oldest first.
-func TestRowsDue(t *testing.T) {
+// listNew lists the new rows of the window of minAge (overlap 1m), limit at
+// a time, and returns all of them and the end of the window.
+func (b *rowsBundle) listNew(t *testing.T, minAge time.Duration, limit int) ([]dueRow, time.Time) {
+	t.Helper()
+	from, to, err := b.rows.window(b.ctx, b.pool, minAge, time.Minute)
+	require.NoError(t, err)
+	var all []dueRow
+	for pos := (cursor{CreatedAt: from}); ; {
+		ds, err := b.rows.listNew(b.ctx, b.pool, pos, to, limit)
+		require.NoError(t, err)
+		all = append(all, ds...)
+		if len(ds) < limit {
+			return all, to
+		}
+		pos = ds[len(ds)-1].after()
+	}
+}
+
+func (b *rowsBundle) listPostponed(t *testing.T) []string {
+	t.Helper()
+	ds, err := b.rows.listPostponed(b.ctx, b.pool, 10)
+	require.NoError(t, err)
+	return keysOf(ds)
+}
+
+// New rows: live, in progress, never postponed, older than the age, within
+// the window; oldest first, page by page.
+func TestRowsNew(t *testing.T) {
 	b := setupRows(t)
 	owners := map[string]durable.Token{}
 	for key, age := range map[string]string{"k10": "10 minutes", "k30": "30 minutes", "k20": "20 minutes"} {
@@ -77,33 +107,93 @@ func TestRowsDue(t *testing.T) {
 	b.age(t, "done", "40 minutes")
 	b.claim(t, "expired")
 	b.age(t, "expired", "25 hours")
+	p := dueRow{Scope: "user-1", Key: "postponed", Owner: b.claim(t, "postponed")}
+	b.age(t, "postponed", "15 minutes")
+	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, p, 1, 0))
 
-	keys, ds := b.listDue(t, 5*time.Minute, 10)
-	require.Equal(t, []string{"k30", "k20", "k10"}, keys)
-	for _, d := range ds {
-		require.Zero(t, d.Attempts)
-		require.Equal(t, owners[d.Key], d.Owner)
-		require.Equal(t, durable.Fingerprint{1}, d.Fingerprint)
+	for _, limit := range []int{1, 2, 10} {
+		ds, _ := b.listNew(t, 5*time.Minute, limit)
+		require.Equal(t, []string{"k30", "k20", "k10"}, keysOf(ds), "limit %d", limit)
+		for _, d := range ds {
+			require.Zero(t, d.Attempts)
+			require.Equal(t, owners[d.Key], d.Owner)
+			require.Equal(t, durable.Fingerprint{1}, d.Fingerprint)
+		}
 	}
-	keys, _ = b.listDue(t, 5*time.Minute, 2)
-	require.Equal(t, []string{"k30", "k20"}, keys)
-	keys, _ = b.listDue(t, 0, 10)
-	require.Equal(t, []string{"k30", "k20", "k10", "fresh"}, keys)
+	ds, _ := b.listNew(t, 0, 10)
+	require.Equal(t, []string{"k30", "k20", "k10", "fresh"}, keysOf(ds))
 
-	// Postponed: hidden until its time has come on the database clock.
+	// Keys created at the same microsecond are ordered by scope and key,
+	// and the cursor passes each once.
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = (SELECT created_at FROM `+b.store.Table()+` WHERE key = 'k20') WHERE key = 'k10'`)
+	require.NoError(t, err)
+	ds, _ = b.listNew(t, 5*time.Minute, 1)
+	require.Equal(t, []string{"k30", "k10", "k20"}, keysOf(ds))
+}
+
+// The window starts at the start of the retention until a scan is marked,
+// then at the mark less the overlap; it ends at now - min age.
+func TestRowsWindow(t *testing.T) {
+	b := setupRows(t)
+	from, to, err := b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, err)
+	var now time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now))
+	require.WithinDuration(t, now.Add(-b.store.Retention()), from, 5*time.Second)
+	require.WithinDuration(t, now.Add(-time.Minute), to, 5*time.Second)
+
+	mark := now.Add(-10 * time.Minute).Truncate(time.Microsecond)
+	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
+	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, err)
+	require.True(t, from.Equal(mark.Add(-30*time.Second)), "from %v, mark %v", from, mark)
+
+	// A row created before the window is not listed again.
+	b.claim(t, "old")
+	b.age(t, "old", "20 minutes")
+	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-2*time.Minute)))
+	ds, _ := b.listNew(t, time.Minute, 10)
+	require.Empty(t, ds)
+
+	// A mark past a whole retention starts at the retention.
+	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-48*time.Hour)))
+	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, err)
+	require.WithinDuration(t, now.Add(-b.store.Retention()), from, 5*time.Second)
+}
+
+// Postponed rows: listed once their time has come on the database clock,
+// while live and in progress, in the order it came; never as new rows.
+func TestRowsPostponed(t *testing.T) {
+	b := setupRows(t)
+	var ds []dueRow
+	for _, key := range []string{"a", "b", "c", "d"} {
+		ds = append(ds, dueRow{Scope: "user-1", Key: key, Owner: b.claim(t, key)})
+		b.age(t, key, "10 minutes")
+	}
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[0], 3, time.Hour))
-	attempts, after, inFuture := b.state(t, "k30")
+	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[1], 1, 0))
+	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[2], 1, 0))
+	attempts, after, inFuture := b.state(t, "a")
 	require.Equal(t, 3, attempts)
 	require.NotNil(t, after)
 	require.True(t, inFuture)
-	keys, _ = b.listDue(t, 5*time.Minute, 10)
-	require.Equal(t, []string{"k20", "k10"}, keys)
 
-	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET reconcile_after = now() - interval '1 second' WHERE key = 'k30'`)
+	require.Equal(t, []string{"b", "c"}, b.listPostponed(t))
+	nw, _ := b.listNew(t, time.Minute, 10)
+	require.Equal(t, []string{"d"}, keysOf(nw), "postponed rows are not new")
+
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET reconcile_after = now() - interval '1 hour' WHERE key = 'a'`)
 	require.NoError(t, err)
-	keys, ds = b.listDue(t, 5*time.Minute, 10)
-	require.Equal(t, []string{"k30", "k20", "k10"}, keys)
-	require.Equal(t, 3, ds[0].Attempts)
+	require.Equal(t, []string{"a", "b", "c"}, b.listPostponed(t))
+
+	// Answered: out of the list and of the partial index.
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "a", ds[0].Owner, durable.Answer{Status: 201}))
+	_, after, _ = b.state(t, "a")
+	require.Nil(t, after)
+	// Expired: out of the list.
+	b.age(t, "b", "25 hours")
+	require.Equal(t, []string{"c"}, b.listPostponed(t))
 }
 
 // Postpone acts on the listed claim only: another owner, a finished, missing
@@ -146,7 +236,58 @@ func TestTakeoverResetsReconcileState(t *testing.T) {
 	require.Nil(t, after)
 
 	b.age(t, "key-1", "2 minutes")
-	keys, ds := b.listDue(t, time.Minute, 10)
-	require.Equal(t, []string{"key-1"}, keys)
+	ds, _ := b.listNew(t, time.Minute, 10)
+	require.Equal(t, []string{"key-1"}, keysOf(ds))
 	require.Equal(t, next, ds[0].Owner)
+	require.Empty(t, b.listPostponed(t))
+}
+
+// TestRowsPlans loads a day of keys (1% in progress, a few postponed),
+// ANALYZEs them, and checks with EXPLAIN, under custom and generic plans,
+// that the scan of new rows reads the created_at index over its window and
+// the postponed listing reads the partial index on reconcile_after: neither
+// reads the whole table.
+func TestRowsPlans(t *testing.T) {
+	b := setupRows(t)
+	tbl := b.store.Table()
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO `+tbl+` (user_id, key, request_hash, owner_token, created_at,
+	response_status, response_headers, response_body, completed_at, reconcile_after)
+SELECT 'user-' || (g % 1000), 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'),
+	now() - (g % 86000) * interval '1 second',
+	CASE WHEN g % 100 = 0 THEN NULL ELSE 201 END, CASE WHEN g % 100 = 0 THEN NULL ELSE '{}'::jsonb END,
+	CASE WHEN g % 100 = 0 THEN NULL ELSE '\x7b7d'::bytea END,
+	CASE WHEN g % 100 = 0 THEN NULL ELSE now() - (g % 86000) * interval '1 second' END,
+	CASE WHEN g % 1000 = 0 THEN now() + interval '1 minute' END
+FROM generate_series(1, 50000) AS g`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `ANALYZE `+tbl)
+	require.NoError(t, err)
+	from := time.Now().Add(-3 * time.Minute)
+	name := strings.Trim(strings.Split(tbl, ".")[1], `"`)
+	for label, st := range map[string]struct {
+		sql   string
+		args  []any
+		index string
+	}{
+		"new":       {b.rows.listNewSQL, []any{from, "", "", time.Now().Add(-time.Minute), 100}, name + "_created_at_idx"},
+		"postponed": {b.rows.listPostponedSQL, []any{b.rows.retention, 100}, name + "_reconcile_after_idx"},
+	} {
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			t.Run(label+"/"+mode, func(t *testing.T) {
+				tx, err := b.pool.Begin(b.ctx)
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+				_, err = tx.Exec(b.ctx, "SET LOCAL plan_cache_mode = "+mode)
+				require.NoError(t, err)
+				rs, err := tx.Query(b.ctx, "EXPLAIN "+st.sql, st.args...)
+				require.NoError(t, err)
+				lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
+				require.NoError(t, err)
+				plan := strings.Join(lines, "\n")
+				require.Contains(t, plan, st.index, plan)
+				require.NotContains(t, plan, "Seq Scan", plan)
+			})
+		}
+	}
 }

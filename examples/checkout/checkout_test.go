@@ -167,10 +167,14 @@ func TestPaymentTimeout(t *testing.T) {
 		}
 		require.Equal(t, 1, a.charges(t), "a retry never charges twice")
 
-		// Once the key is older than -reconcile-after (1m: pretend it is),
-		// the reconciler asks the provider about order-{public_id}, finds
-		// the charge and settles the key with the real answer.
+		// Once the key is older than -reconcile-after (1m: pretend it is,
+		// and that the reconciler's scan, which had not reached it, is
+		// behind it), the reconciler asks the provider about
+		// order-{public_id}, finds the charge and settles the key with the
+		// real answer.
 		_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys SET created_at = now() - interval '2 minutes'`)
+		require.NoError(t, err)
+		_, err = a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys_reconcile SET scanned_to = now() - interval '3 minutes'`)
 		require.NoError(t, err)
 		var settled reply
 		require.Eventually(t, func() bool {
