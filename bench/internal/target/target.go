@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
@@ -83,25 +84,7 @@ type guardTarget struct {
 }
 
 func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
-	store, err := durable.New(env.PGStatements, &durable.Config{Schema: env.Schema, Table: GuardTable})
-	if err != nil {
-		return nil, err
-	}
-	// Store failures are counted as errors by the bench; the guard's log
-	// lines would only garble the progress output.
-	cfg := &idem.Config{Logger: slog.New(slog.DiscardHandler)}
-	switch strategy {
-	case Table:
-	case Hybrid:
-		l, err := lock.New(env.Redis, &lock.Config{Prefix: env.Prefix + "guard:"})
-		if err != nil {
-			return nil, err
-		}
-		cfg.Lock = l
-	default:
-		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
-	}
-	g, err := idem.New(store, cfg)
+	g, err := NewGuard(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy)
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +94,50 @@ func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
 		}
 		return idem.Response{Status: http.StatusCreated, Header: answerHeader, Body: answerBody}, nil
 	}}, nil
+}
+
+// NewGuard returns the guard of strategy (Table or Hybrid) that every guard
+// target of the bench runs, in process or in a worker process: its store on
+// the GuardTable of schema through db, its Redis lease (hybrid) under
+// prefix + "guard:" through rdb, and no logging.
+func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string) (*idem.Guard, error) {
+	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable})
+	if err != nil {
+		return nil, err
+	}
+	// Store failures are counted as errors by the bench; the guard's log
+	// lines would only garble the progress output.
+	cfg := &idem.Config{Logger: slog.New(slog.DiscardHandler)}
+	switch strategy {
+	case Table:
+	case Hybrid:
+		l, err := lock.New(rdb, &lock.Config{Prefix: prefix + "guard:"})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Lock = l
+	default:
+		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
+	}
+	return idem.New(store, cfg)
+}
+
+// Handler is the guarded work served over HTTP, for the guard's middleware:
+// it sleeps for work (or until the request ends) and answers what the
+// in-process guard target's work returns, a 201 with a Location and a small
+// JSON body.
+func Handler(work time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := sleepWork(r.Context(), work); err != nil {
+			http.Error(w, "cancelled", http.StatusServiceUnavailable)
+			return
+		}
+		for k, v := range answerHeader {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(answerBody)
+	})
 }
 
 func (t *guardTarget) Table() string { return GuardTable }
