@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/idemguard/idem/bench/internal/bigtable"
+	"github.com/idemguard/idem/bench/internal/fleet"
 	"github.com/idemguard/idem/bench/internal/load"
 	"github.com/idemguard/idem/bench/internal/plan"
 	"github.com/idemguard/idem/bench/internal/report"
@@ -43,6 +44,9 @@ import (
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 func main() {
+	if fleet.IsWorker() { // -instances re-runs this binary as its workers
+		os.Exit(fleet.Serve(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
@@ -95,6 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		minimal    = fs.Bool("minimal", true, "also run the minimal target: the least SQL that does the job, on a minimal table")
 		noiseRuns  = fs.Int("noise-runs", 3, "identical runs per target of the first scenario's lowest rate, to measure the noise (below 2: none)")
 		p99Limit   = fs.Duration("p99-limit", 250*time.Millisecond, "a step whose p99 exceeds this is saturated (0: no limit)")
+		instances  = fs.String("instances", "", "many instances: run the guard in this many worker processes, e.g. 1,2,4 (each count in turn, the pgx pool divided among them) instead of in process")
 		outDir     = fs.String("out", "bench-report", "report directory (created; files in it are replaced)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +113,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	rates, err := offeredRates(*ratesFlag, *rateStart, *rateFactor, *rateMax)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	counts, err := instanceCounts(*instances)
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
@@ -136,6 +146,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		NoCeiling:   !*ceiling,
 		NoMinimal:   !*minimal,
 		NoiseRuns:   *noiseRuns,
+		Instances:   counts,
 		Limits:      load.Limits{MaxP99: *p99Limit},
 		Command:     command(fs),
 		Progress:    stdout,
@@ -145,16 +156,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 1
 	}
-	summary(stdout, rep)
+	if len(rep.Instances) > 0 {
+		rep.WriteInstancesSummary(stdout)
+	} else {
+		summary(stdout, rep)
+	}
 	if err := report.Write(*outDir, rep); err != nil {
 		fmt.Fprintf(stderr, "bench: writing the report: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "\nreport: %s/%s (also %s, %s, %s)\n", *outDir, report.MarkdownFile, report.CSVFile, report.P99Plot, report.ThroughputPlot)
+	fmt.Fprintf(stdout, "\nreport: %s/%s (also %s)\n", *outDir, report.MarkdownFile, strings.Join(rep.Files(), ", "))
 	if rep.Setup.Interrupted {
 		return 130
 	}
 	return 0
+}
+
+// instanceCounts parses -instances: positive, ascending counts.
+func instanceCounts(list string) ([]int, error) {
+	var out []int
+	for _, s := range split(list) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-instances: %q is not a positive count", s)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("-instances: %v must be ascending", list)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // offeredRates returns the list given, or start, start*factor, ... up to max.

@@ -50,9 +50,15 @@ type Config struct {
 	NoCeiling   bool          // skip the ceiling's ladders
 	NoMinimal   bool          // skip the minimal's ladders
 	NoiseRuns   int           // identical runs per target before the ladders (report.Report.Noise); below 2, none
-	Limits      load.Limits
-	Command     string    // the command line, for the report
-	Progress    io.Writer // progress lines; nil for none
+	// Instances, when set, makes the run a many-instance one: the guard of
+	// each strategy in that many worker processes (each count in turn),
+	// driven over HTTP, instead of the in-process ladders, ceiling, minimal
+	// and noise runs. The pgx pool (Target.PoolSize) is divided among the
+	// workers. The bench binary must call fleet.Serve when fleet.IsWorker.
+	Instances []int
+	Limits    load.Limits
+	Command   string    // the command line, for the report
+	Progress  io.Writer // progress lines; nil for none
 }
 
 func (c *Config) validate() error {
@@ -80,6 +86,11 @@ func (c *Config) validate() error {
 	for _, s := range c.Scenarios {
 		if s != Unique && s != Storm && s != Mix {
 			return fmt.Errorf("unknown scenario %q (want unique, storm or mix)", s)
+		}
+	}
+	for _, n := range c.Instances {
+		if n < 1 {
+			return fmt.Errorf("instance count %d must be positive", n)
 		}
 	}
 	for _, s := range c.Strategies {
@@ -157,6 +168,15 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		env.Schema, env.Prefix, runtime.NumCPU(), rep.Setup.LoadAverage,
 		rep.Setup.Servers["postgres_server_version"], rep.Setup.Servers["redis_redis_version"])
 
+	if len(cfg.Instances) > 0 {
+		if err := runInstances(ctx, env, &cfg, rep, out); err != nil {
+			return nil, err
+		}
+		rep.Setup.Finished = time.Now()
+		rep.Setup.Interrupted = ctx.Err() != nil
+		return rep, nil
+	}
+
 	type ladder struct {
 		strategy, impl string
 		t              target.Target
@@ -203,7 +223,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 			for _, i := range alternate(len(ladders), run) {
 				l := ladders[i]
 				stepNo++
-				row, err := step(ctx, env, &cfg, l.t, sc, pattern, rate, stepNo)
+				row, err := step(ctx, env, &cfg, l.t.Table(), op(l.t, pattern, stepNo), sc, pattern, rate)
 				if err != nil {
 					if ctx.Err() != nil {
 						return finish()
@@ -238,7 +258,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 					continue
 				}
 				stepNo++
-				row, err := step(ctx, env, &cfg, l.t, sc, pattern, rate, stepNo)
+				row, err := step(ctx, env, &cfg, l.t.Table(), op(l.t, pattern, stepNo), sc, pattern, rate)
 				if err != nil {
 					if ctx.Err() != nil {
 						return finish()
@@ -276,22 +296,23 @@ func op(t target.Target, p load.Pattern, stepNo int) load.Op {
 	}
 }
 
-func step(ctx context.Context, env *target.Env, cfg *Config, t target.Target, scenario string, p load.Pattern, rate float64, stepNo int) (report.Row, error) {
+// step runs one step of o, whose target writes table, and measures it.
+func step(ctx context.Context, env *target.Env, cfg *Config, table string, o load.Op, scenario string, p load.Pattern, rate float64) (report.Row, error) {
 	row := report.Row{Scenario: scenario, Pattern: p.String(), DupShare: p.DupShare(), Offered: rate}
-	if err := env.Truncate(ctx, t.Table()); err != nil {
+	if err := env.Truncate(ctx, table); err != nil {
 		return row, err
 	}
-	before, err := env.Snapshot(ctx, t.Table())
+	before, err := env.Snapshot(ctx, table)
 	if err != nil {
 		return row, err
 	}
 	s := load.Step{Rate: rate, Duration: cfg.Step, MaxInFlight: cfg.MaxInFlight, Drain: cfg.Drain}
-	res, err := load.Run(ctx, s, op(t, p, stepNo))
+	res, err := load.Run(ctx, s, o)
 	if err != nil {
 		return row, err
 	}
 	sctx := context.WithoutCancel(ctx)
-	after, err := env.Snapshot(sctx, t.Table())
+	after, err := env.Snapshot(sctx, table)
 	if err != nil {
 		return row, err
 	}

@@ -98,6 +98,9 @@ type Report struct {
 	// lowest offered rate) run several times per target, from which
 	// [Report.Noise] comes. They are not part of the ladders.
 	Repeats []Row
+	// Instances are the many-instance ladders' steps: the guard in worker
+	// processes, driven over HTTP. A run has either these or Rows.
+	Instances []InstanceRow
 }
 
 // Scenarios returns the scenarios present, in order of first appearance.

@@ -21,8 +21,8 @@ const (
 	ThroughputPlot = "throughput.png"
 )
 
-// Write creates dir if needed and writes report.md, results.csv, p99.png and
-// throughput.png into it.
+// Write creates dir if needed and writes report.md and the files of
+// [Report.Files] into it.
 func Write(dir string, r *Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -38,6 +38,18 @@ func Write(dir string, r *Report) error {
 		}
 		return f.Close()
 	}
+	if r.manyInstances() {
+		if err := write(InstancesCSV, r.WriteInstancesCSV); err != nil {
+			return err
+		}
+		if err := write(MarkdownFile, r.WriteMarkdown); err != nil {
+			return err
+		}
+		if err := r.PlotInstances(filepath.Join(dir, InstancesPlot)); err != nil {
+			return fmt.Errorf("%s: %w", InstancesPlot, err)
+		}
+		return nil
+	}
 	if err := write(CSVFile, r.WriteCSV); err != nil {
 		return err
 	}
@@ -52,6 +64,20 @@ func Write(dir string, r *Report) error {
 	}
 	return nil
 }
+
+// Files returns the files Write writes besides report.md: results.csv,
+// p99.png and throughput.png, or for a many-instance run instances.csv and
+// instances.png.
+func (r *Report) Files() []string {
+	if r.manyInstances() {
+		return []string{InstancesCSV, InstancesPlot}
+	}
+	return []string{CSVFile, P99Plot, ThroughputPlot}
+}
+
+// manyInstances reports whether r is a many-instance run: the guard in
+// worker processes, and no in-process ladder.
+func (r *Report) manyInstances() bool { return len(r.Instances) > 0 && len(r.Rows) == 0 }
 
 var csvHeader = []string{
 	"scenario", "pattern", "dup_share", "strategy", "impl", "offered_rps", "achieved_rps",
@@ -140,6 +166,12 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "- Noise: each target run %d times at %s req/s of %s before the ladders (see \"Noise\")\n",
 			runs, rate(noise.Offered), noise.Scenario)
+	}
+
+	if r.manyInstances() {
+		r.writeInstancesMarkdown(&b)
+		_, err := io.WriteString(w, b.String())
+		return err
 	}
 
 	b.WriteString("\n## The answer: when does the hybrid beat the table?\n\n")
