@@ -27,13 +27,18 @@ type CPU struct {
 	Workers  float64 // the worker processes, summed
 	Postgres float64 // the server's processes serving the fleet: its backends and the background ones
 	Redis    float64 // the Redis server (INFO cpu)
-	Machine  float64 // every CPU's busy time (/proc/stat)
-	Cores    int
+	// Programs is every other process (other programs, other clients'
+	// PostgreSQL backends); Interrupts the kernel's irq and softirq time.
+	Programs, Interrupts float64
+	Machine              float64 // every CPU's busy time (/proc/stat)
+	Cores                int
 	// Known is false when /proc could not be read: only Redis is filled in.
 	Known bool
 }
 
-// Other is the machine's busy time not accounted for by the parts.
+// Other is the machine's busy time not accounted for by the fleet's parts:
+// other programs, interrupts, and processes that came and went within the
+// step.
 func (c CPU) Other() float64 {
 	return max(0, c.Machine-c.Driver-c.Workers-c.Postgres-c.Redis)
 }
@@ -151,7 +156,8 @@ func (c CPU) Bound() string {
 	parts := []struct {
 		name string
 		v    float64
-	}{{"postgres", c.Postgres}, {"workers", c.Workers}, {"driver", c.Driver}, {"redis", c.Redis}, {"other", c.Other()}}
+	}{{"postgres", c.Postgres}, {"workers", c.Workers}, {"driver", c.Driver}, {"redis", c.Redis},
+		{"other programs", c.Programs}, {"interrupts", c.Interrupts}}
 	slices.SortStableFunc(parts, func(a, b struct {
 		name string
 		v    float64
@@ -192,9 +198,9 @@ func (r *Report) writeInstancesMarkdown(b *strings.Builder) {
 		"(keep-alive): new intents round-robin, each retry of an intent to the next worker. The pgx pool of %d connections is divided among the workers "+
 		"(so the total stays the same whatever N; see the pool column). CPU is in cores (1.00 = one core busy for the whole step), measured per step: "+
 		"driver = the bench process, workers = their sum, postgres = the server's processes that serve the workers (their backends, and the WAL writer, checkpointer and other background processes; not other clients' backends), redis = the server's INFO cpu, "+
-		"machine = all busy CPUs (%d cores), other = the rest (kernel work, other programs).\n\n",
+		"other = every other process on the machine (other programs, other clients' PostgreSQL backends), irq = the kernel's interrupt and softirq time (loopback networking among it), machine = all busy CPUs (%d cores), including processes that came and went within the step.\n\n",
 		r.Setup.Work, intsList(r.InstanceCounts()), r.Setup.PoolSize, r.Setup.CPUs)
-	b.WriteString("| scenario | strategy | instances | peak achieved req/s | kept up with (offered) | p99 there | CPU at the last step: driver / workers / postgres / redis / other / machine | bound |\n")
+	b.WriteString("| scenario | strategy | instances | peak achieved req/s | kept up with (offered) | p99 there | CPU at the saturated (else last) step: driver / workers / postgres / redis / other / irq / machine | bound |\n")
 	b.WriteString("|---|---|---:|---:|---:|---:|---|---|\n")
 	for _, s := range r.Scalings() {
 		kept, p99 := "-", "-"
@@ -202,9 +208,9 @@ func (r *Report) writeInstancesMarkdown(b *strings.Builder) {
 			kept, p99 = rate(s.Kept), ms(s.P99)
 		}
 		c := s.At.CPU
-		fmt.Fprintf(b, "| %s | %s | %d | %s%s | %s | %s | %s / %s / %s / %s / %s / %s | %s |\n",
+		fmt.Fprintf(b, "| %s | %s | %d | %s%s | %s | %s | %s / %s / %s / %s / %s / %s / %s | %s |\n",
 			s.Scenario, s.Strategy, s.Instances, rate(s.Peak), satMark(s.Saturated), kept, p99,
-			cores(c.Driver), cores(c.Workers), cores(c.Postgres), cores(c.Redis), cores(c.Other()), cores(c.Machine), c.Bound())
+			cores(c.Driver), cores(c.Workers), cores(c.Postgres), cores(c.Redis), cores(c.Programs), cores(c.Interrupts), cores(c.Machine), c.Bound())
 	}
 	fmt.Fprintf(b, "\n(* saturated: the peak is that ladder's capacity.)\n\n![achieved against offered throughput, per instance count](%s)\n", InstancesPlot)
 	for _, sc := range r.instanceScenarios() {
@@ -216,8 +222,8 @@ func (r *Report) writeInstancesMarkdown(b *strings.Builder) {
 			}
 		}
 		fmt.Fprintf(b, "\n### Many instances, %s: %s\n\n", sc, pattern)
-		b.WriteString("| strategy | instances | pool each | offered | achieved | p50 | p99 | p99.9 | err% | requests per instance | executions / intents / doubles | executed / replayed / 409 / 422 | pg stmts/req | CPU driver | workers | postgres | redis | other | machine | status |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		b.WriteString("| strategy | instances | pool each | offered | achieved | p50 | p99 | p99.9 | err% | requests per instance | executions / intents / doubles | executed / replayed / 409 / 422 | pg stmts/req | CPU driver | workers | postgres | redis | other | irq | machine | status |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, st := range []string{"table", "hybrid"} {
 			for _, n := range r.InstanceCounts() {
 				for _, row := range r.InstanceSeries(sc, st, n) {
@@ -226,18 +232,18 @@ func (r *Report) writeInstancesMarkdown(b *strings.Builder) {
 						status = "saturated: " + row.Note
 					}
 					c := row.CPU
-					fmt.Fprintf(b, "| %s | %d | %d | %.0f | %.0f | %s | %s | %s | %.2f | %s | %d / %d / %d | %d / %d / %d / %d | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
+					fmt.Fprintf(b, "| %s | %d | %d | %.0f | %.0f | %s | %s | %s | %.2f | %s | %d / %d / %d | %d / %d / %d / %d | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 						row.Strategy, row.Instances, row.PoolPerInstance, row.Offered, row.Achieved, ms(row.P50), ms(row.P99), ms(row.P999),
 						100*row.ErrorRate(), perInstance(row.PerInstance), row.Executions, row.Intents, row.Doubles,
 						row.Executed, row.Replayed, row.InProgress, row.KeyReused, row.PGStatements,
-						cores(c.Driver), cores(c.Workers), cores(c.Postgres), cores(c.Redis), cores(c.Other()), cores(c.Machine), status)
+						cores(c.Driver), cores(c.Workers), cores(c.Postgres), cores(c.Redis), cores(c.Programs), cores(c.Interrupts), cores(c.Machine), status)
 				}
 			}
 		}
 	}
 	b.WriteString("\n**executions / intents / doubles**: how many times the handler ran (counted in the workers), how many distinct intents the step sent, " +
 		"and how many intents ran more than once across the fleet (0 unless the guard failed). Under a storm, executions equal intents when every intent ran once. " +
-		"Machine and other include every program on the machine, other clients' PostgreSQL backends among them.\n")
+		"Other, irq and machine count every program on the machine: on a machine shared with other work they show how much of the CPU the fleet had.\n")
 }
 
 func intsList(v []int) string {
@@ -255,7 +261,7 @@ var instancesHeader = []string{
 	"requests_per_instance", "handler_executions", "intents", "double_executions",
 	"pg_statements_per_req", "pg_tuple_writes_per_req", "wal_bytes_per_req",
 	"redis_server_cmds_per_req", "redis_client_cmds_per_req",
-	"cpu_driver", "cpu_workers", "cpu_postgres", "cpu_redis", "cpu_other", "cpu_machine", "cores",
+	"cpu_driver", "cpu_workers", "cpu_postgres", "cpu_redis", "cpu_other_programs", "cpu_interrupts", "cpu_unattributed", "cpu_machine", "cores",
 	"saturated", "interrupted", "note",
 }
 
@@ -278,7 +284,8 @@ func (r *Report) WriteInstancesCSV(w io.Writer) error {
 			strings.ReplaceAll(perInstance(row.PerInstance), " / ", ";"),
 			strconv.FormatInt(row.Executions, 10), strconv.FormatInt(row.Intents, 10), strconv.FormatInt(row.Doubles, 10),
 			f(row.PGStatements, 3), f(row.TupleWrites, 3), f(row.WALBytes, 0), f(row.RedisServer, 3), f(row.RedisClient, 3),
-			f(c.Driver, 3), f(c.Workers, 3), f(c.Postgres, 3), f(c.Redis, 3), f(c.Other(), 3), f(c.Machine, 3), strconv.Itoa(c.Cores),
+			f(c.Driver, 3), f(c.Workers, 3), f(c.Postgres, 3), f(c.Redis, 3), f(c.Programs, 3), f(c.Interrupts, 3),
+			f(max(0, c.Other()-c.Programs-c.Interrupts), 3), f(c.Machine, 3), strconv.Itoa(c.Cores),
 			strconv.FormatBool(row.Saturated), strconv.FormatBool(row.Interrupted), row.Note,
 		}
 		if err := cw.Write(rec); err != nil {
@@ -299,17 +306,17 @@ func InstanceLine(r InstanceRow) string {
 		status = "SATURATED: " + r.Note
 	}
 	c := r.CPU
-	return fmt.Sprintf("%-8s %-8s %4d %8.0f %8.0f %9s %9s %6.2f %9s %5d %5.2f %5.2f %5.2f %5.2f %5.2f  %s",
+	return fmt.Sprintf("%-8s %-8s %4d %8.0f %8.0f %9s %9s %6.2f %9s %5d %5.2f %5.2f %5.2f %5.2f %5.2f %5.2f %5.2f  %s",
 		r.Scenario, r.Strategy, r.Instances, r.Offered, r.Achieved, ms(r.P50), ms(r.P99), 100*r.ErrorRate(),
 		fmt.Sprintf("%d/%d", r.Executions, r.Intents), r.Doubles,
-		c.Driver, c.Workers, c.Postgres, c.Redis, c.Machine, status)
+		c.Driver, c.Workers, c.Postgres, c.Redis, c.Programs, c.Interrupts, c.Machine, status)
 }
 
 // InstanceHeader is the header of InstanceLine.
 func InstanceHeader() string {
-	return fmt.Sprintf("%-8s %-8s %4s %8s %8s %9s %9s %6s %9s %5s %5s %5s %5s %5s %5s  %s",
+	return fmt.Sprintf("%-8s %-8s %4s %8s %8s %9s %9s %6s %9s %5s %5s %5s %5s %5s %5s %5s %5s  %s",
 		"scenario", "strategy", "inst", "offered", "achieved", "p50", "p99", "err%", "exec/int", "dbl",
-		"drv", "wrk", "pg", "rds", "mach", "status (CPU in cores)")
+		"drv", "wrk", "pg", "rds", "oth", "irq", "mach", "status (CPU in cores)")
 }
 
 // WriteInstancesSummary prints the many-instance run's summary: per
