@@ -25,6 +25,9 @@ const (
 const (
 	maxTableLen  = 40
 	maxSchemaLen = 63
+	// maxPartitions bounds Config.Partitions; partition names end in
+	// _p0 ... _p1023.
+	maxPartitions = 1024
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -72,6 +75,21 @@ type Config struct {
 	//
 	// Defaults to false.
 	Notify bool
+
+	// Partitions, when positive, makes [Migrate] create the table
+	// hash-partitioned on user_id (the scope) into that many partitions,
+	// named <Table>_p0, <Table>_p1, ...: every statement of a Store on one key
+	// then reads and writes one partition, and a partition's indexes are a
+	// fraction of the table's. It is the layout Citus distributes on
+	// (distribution column user_id); see docs/scaling.md for when to use it.
+	//
+	// The layout is chosen when Migrate creates the table and cannot change
+	// afterwards without moving the rows: Migrate refuses a Config whose
+	// Partitions do not match the existing table. A Store works on either
+	// layout and does not read this field.
+	//
+	// At most 1024. Defaults to 0: one plain table.
+	Partitions int
 }
 
 // Validate reports whether cfg (nil is valid) would be accepted by New and
@@ -118,6 +136,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retention < time.Microsecond {
 		return fmt.Errorf("durable: Config.Retention: must be at least 1µs, got %v", c.Retention)
+	}
+	if c.Partitions < 0 || c.Partitions > maxPartitions {
+		return fmt.Errorf("durable: Config.Partitions: must be between 0 and %d, got %d", maxPartitions, c.Partitions)
 	}
 	if c.SweepBatchSize < 1 {
 		return fmt.Errorf("durable: Config.SweepBatchSize: must be positive, got %d", c.SweepBatchSize)

@@ -45,6 +45,8 @@ func TestConfigValidation(t *testing.T) {
 		{name: "negative retention", cfg: &durable.Config{Retention: -time.Hour}, err: "durable: Config.Retention:"},
 		{name: "sub-microsecond retention", cfg: &durable.Config{Retention: time.Nanosecond}, err: "durable: Config.Retention:"},
 		{name: "negative batch", cfg: &durable.Config{SweepBatchSize: -1}, err: "durable: Config.SweepBatchSize:"},
+		{name: "negative partitions", cfg: &durable.Config{Partitions: -1}, err: "durable: Config.Partitions:"},
+		{name: "too many partitions", cfg: &durable.Config{Partitions: 1025}, err: "durable: Config.Partitions: must be between 0 and 1024, got 1025"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package durable_test
 
 import (
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,24 +17,31 @@ import (
 
 // TestConformance runs the idem.Store conformance suite against the
 // PostgreSQL store, with the default retention and with a short one.
+// It runs on the hash-partitioned layout too.
 func TestConformance(t *testing.T) {
-	for _, retention := range []time.Duration{0, time.Hour} {
+	for _, c := range []struct {
+		retention  time.Duration
+		partitions int
+	}{{0, 0}, {time.Hour, 0}, {0, 8}} {
 		name := "retention=default"
-		if retention != 0 {
-			name = "retention=" + retention.String()
+		if c.retention != 0 {
+			name = "retention=" + c.retention.String()
+		}
+		if c.partitions != 0 {
+			name += "/partitions=" + strconv.Itoa(c.partitions)
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			idemtest.RunStoreSuite(t, pgHarness(retention))
+			idemtest.RunStoreSuite(t, pgHarness(c.retention, c.partitions))
 		})
 	}
 }
 
-func pgHarness(retention time.Duration) idemtest.Harness {
+func pgHarness(retention time.Duration, partitions int) idemtest.Harness {
 	var pools sync.Map // *durable.Store -> *pgxpool.Pool
 	h := idemtest.Harness{
 		New: func(t *testing.T) idem.Store {
-			store, pool := testdb.Store(t, &durable.Config{Retention: retention})
+			store, pool := testdb.Store(t, &durable.Config{Retention: retention, Partitions: partitions})
 			pools.Store(store, pool)
 			return store
 		},

@@ -41,7 +41,11 @@ CREATE TABLE ` + versionTable + ` (
 // nothing to do. It then creates the schema if one is set and absent, and
 // the version table idem_migrations in that schema if absent, and applies
 // each pending NNNN_*.up.sql file in version order with the object names
-// renamed after cfg.Table, recording each version.
+// renamed after cfg.Table, recording each version. With cfg.Partitions set,
+// the table is created hash-partitioned on user_id into that many
+// partitions. Last, it checks that the table's layout (plain, or its number
+// of partitions) is the one cfg asks for, and fails otherwise: an existing
+// table is never re-laid out.
 //
 // When db is a pgx.Tx, Migrate runs in a savepoint of it and leaves its
 // search_path as it found it.
@@ -176,12 +180,64 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 		if slices.Contains(applied, m.version) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, rename(m.up, c.Table)); err != nil {
+		sql := rename(m.up, c.Table)
+		if m.version == 1 && c.Partitions > 0 {
+			if sql, err = partitioned(sql, c.Table, c.Partitions); err != nil {
+				return fmt.Errorf("%s: %w", m.upName, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%s: %w", m.upName, err)
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO "+versionTable+" (table_name, version) VALUES ($1, $2)", c.Table, m.version); err != nil {
 			return fmt.Errorf("%s: %w", m.upName, err)
 		}
+	}
+	return checkLayout(ctx, tx, c)
+}
+
+// partitioned rewrites the CREATE TABLE of migration 0001 (renamed for
+// table) so that it creates the table hash-partitioned on user_id, followed
+// by its n partitions.
+func partitioned(sql, table string, n int) (string, error) {
+	head := "CREATE TABLE " + table + " ("
+	i := strings.Index(sql, head)
+	if i < 0 {
+		return "", fmt.Errorf("no %q to partition", head)
+	}
+	end := strings.Index(sql[i:], "\n);")
+	if end < 0 {
+		return "", fmt.Errorf("%q does not end with a line \");\"", head)
+	}
+	end += i
+	var b strings.Builder
+	b.WriteString(sql[:end])
+	b.WriteString("\n) PARTITION BY HASH (user_id);\n")
+	for p := range n {
+		fmt.Fprintf(&b, "CREATE TABLE %s_p%d PARTITION OF %s FOR VALUES WITH (MODULUS %d, REMAINDER %d);\n", table, p, table, n, p)
+	}
+	b.WriteString(sql[end+len("\n);"):])
+	return b.String(), nil
+}
+
+// checkLayout reports an error when the table is not laid out as c asks:
+// plain when c.Partitions is 0, else hash-partitioned into c.Partitions.
+func checkLayout(ctx context.Context, tx pgx.Tx, c *Config) error {
+	var kind string
+	var parts int
+	err := tx.QueryRow(ctx, `
+SELECT c.relkind::text, (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid)
+FROM pg_class c WHERE c.oid = to_regclass($1)`, c.qualified()).Scan(&kind, &parts)
+	if err != nil {
+		return fmt.Errorf("read the layout of %s: %w", c.qualified(), err)
+	}
+	switch {
+	case c.Partitions == 0 && kind == "p":
+		return fmt.Errorf("%s is partitioned into %d but Config.Partitions is 0; changing the layout needs the rows moved (docs/scaling.md)", c.qualified(), parts)
+	case c.Partitions > 0 && kind != "p":
+		return fmt.Errorf("%s is not partitioned but Config.Partitions is %d; changing the layout needs the rows moved (docs/scaling.md)", c.qualified(), c.Partitions)
+	case c.Partitions > 0 && parts != c.Partitions:
+		return fmt.Errorf("%s has %d partitions but Config.Partitions is %d; changing the layout needs the rows moved (docs/scaling.md)", c.qualified(), parts, c.Partitions)
 	}
 	return nil
 }

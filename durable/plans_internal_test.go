@@ -148,8 +148,14 @@ func TestAnswerWritesAreHOT(t *testing.T) {
 // its store and the pool.
 func planStore(t *testing.T) (*Store, *pgxpool.Pool) {
 	t.Helper()
+	return planStoreOf(t, &Config{})
+}
+
+// planStoreOf is planStore with cfg's fields (its Schema is replaced).
+func planStoreOf(t *testing.T, cfg *Config) (*Store, *pgxpool.Pool) {
+	t.Helper()
 	pool := planPool(t)
-	cfg := &Config{Schema: "idemplan_" + strings.ToLower(rand.Text()[:12])}
+	cfg.Schema = "idemplan_" + strings.ToLower(rand.Text()[:12])
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+cfg.Schema+" CASCADE")
 	})
@@ -189,6 +195,7 @@ func planPool(t *testing.T) *pgxpool.Pool {
 // scan is a plan node that reads the idempotency table.
 type scan struct {
 	NodeType string
+	Relation string
 	Index    string
 }
 
@@ -216,7 +223,7 @@ func explainScans(t *testing.T, ctx context.Context, pool interface {
 		typ, _ := node["Node Type"].(string)
 		if rel, ok := node["Relation Name"].(string); ok && rel != "" && typ != "ModifyTable" {
 			idx, _ := node["Index Name"].(string)
-			out = append(out, scan{NodeType: typ, Index: idx})
+			out = append(out, scan{NodeType: typ, Relation: rel, Index: idx})
 		}
 		children, _ := node["Plans"].([]any)
 		for _, c := range children {

@@ -270,8 +270,9 @@ FROM generate_series(1, 50000) AS g`)
 		args  []any
 		index string
 	}{
-		"new":       {b.rows.listNewSQL, []any{from, "", "", time.Now().Add(-time.Minute), 100}, name + "_created_at_idx"},
-		"postponed": {b.rows.listPostponedSQL, []any{b.rows.retention, 100}, name + "_reconcile_after_idx"},
+		// (_pN: the index of each partition, on the partitioned layout.)
+		"new":       {b.rows.listNewSQL, []any{from, "", "", time.Now().Add(-time.Minute), 100}, name + `(_p\d+)?_created_at_idx`},
+		"postponed": {b.rows.listPostponedSQL, []any{b.rows.retention, 100}, name + `(_p\d+)?_reconcile_after_idx`},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			t.Run(label+"/"+mode, func(t *testing.T) {
@@ -285,7 +286,7 @@ FROM generate_series(1, 50000) AS g`)
 				lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
 				require.NoError(t, err)
 				plan := strings.Join(lines, "\n")
-				require.Contains(t, plan, st.index, plan)
+				require.Regexp(t, "Index Scan using "+st.index, plan)
 				require.NotContains(t, plan, "Seq Scan", plan)
 			})
 		}

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -95,12 +96,24 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 
 // Store returns a durable.Store on a fresh, migrated schema of its own, and
 // the pool it uses. cfg may be nil; its Schema is replaced by the fresh one.
+//
+// When cfg leaves Partitions at 0, $IDEM_TEST_PARTITIONS (a number) sets it,
+// so that a whole test suite runs on the hash-partitioned layout.
 func Store(tb testing.TB, cfg *durable.Config) (*durable.Store, *pgxpool.Pool) {
 	tb.Helper()
 	pool := Pool(tb)
 	var c durable.Config
 	if cfg != nil {
 		c = *cfg
+	}
+	if c.Partitions == 0 {
+		if v := os.Getenv("IDEM_TEST_PARTITIONS"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				tb.Fatalf("testdb: IDEM_TEST_PARTITIONS: %v", err)
+			}
+			c.Partitions = n
+		}
 	}
 	c.Schema = Schema(tb, pool)
 	if err := durable.Migrate(tb.Context(), pool, &c); err != nil {
