@@ -15,20 +15,22 @@ import (
 // release gives back the hybrid's lease; nil in table mode, after a
 // fallback, or on the read path.
 func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release func(context.Context) error) (Response, Outcome, error) {
-	owner := newToken()
-	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
-	t0 := g.tel.start()
-	rec, claimed, err := g.store.Claim(sctx, durable.ClaimParams{
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner,
+	// The execution is made before the claim: it holds the claim's context
+	// too, so that a first execution allocates once for both.
+	x := &execution{g: g, req: req, owner: newToken(), lease: release}
+	t0 := time.Now()
+	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
+	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: x.owner,
 	})
+	x.claimBound.end()
 	g.tel.since(ctx, phaseClaim, t0)
-	cancel()
 	if err != nil {
 		return g.storeFailed(ctx, req, "claim", err)
 	}
 	if !claimed {
 		return g.decide(ctx, req, rec)
 	}
-	x := &execution{g: g, req: req, owner: owner, createdAt: rec.CreatedAt, claimed: time.Now(), lease: release}
+	x.createdAt, x.claimed = rec.CreatedAt, time.Now()
 	return x.run(ctx, work)
 }

@@ -40,6 +40,11 @@ type execution struct {
 	// library's value contexts), which saves an allocation per request. It
 	// is set by run and lives only as long as the work.
 	parent context.Context
+
+	// The contexts of the claim and of the work, embedded so that they
+	// cost no allocation of their own; each lives only as long as its call.
+	claimBound bounded
+	workBound  bounded
 }
 
 func (x *execution) Deadline() (time.Time, bool) { return x.parent.Deadline() }
@@ -84,15 +89,15 @@ func (x *execution) run(ctx context.Context, work Work) (Response, Outcome, erro
 	if x.g.detach {
 		x.parent = context.WithoutCancel(ctx)
 	}
-	wctx, cancel := context.WithDeadline(x, x.claimed.Add(x.g.workTimeout))
-	defer cancel()
+	x.workBound.start(x, x.claimed.Add(x.g.workTimeout))
+	defer x.workBound.end()
 	returned := false
 	defer func() {
 		if !returned {
 			x.panicked(ctx)
 		}
 	}()
-	resp, err := work(wctx)
+	resp, err := work(&x.workBound)
 	returned = true
 	return x.finish(ctx, resp, err)
 }
@@ -150,9 +155,9 @@ func (x *execution) finish(ctx context.Context, resp Response, err error) (Respo
 // reconciler can tell, so the key stays in progress (or is released if the
 // work said nothing happened).
 func (x *execution) finishJoined(ctx context.Context, resp Response, err error, joined durable.Answer, d disp) (Response, Outcome, error) {
-	sctx, cancel := x.g.storeContext(ctx)
+	sctx := x.g.storeContext(ctx)
 	rec, gerr := x.g.store.Get(sctx, x.req.Scope, x.req.Key)
-	cancel()
+	sctx.end()
 	switch {
 	case gerr == nil && rec.Owner == x.owner && rec.Answer != nil:
 		if !joined.Equal(durable.Answer(resp)) {
@@ -209,11 +214,11 @@ func (x *execution) write(ctx context.Context, a durable.Answer) error {
 			t := time.NewTimer(storeRetryPause[i-1])
 			<-t.C // the caller's cancellation does not stop the answer being stored
 		}
-		sctx, cancel := x.g.storeContext(ctx)
+		sctx := x.g.storeContext(ctx)
 		t0 := x.g.tel.start()
 		err = x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
 		x.g.tel.since(ctx, phaseStore, t0)
-		cancel()
+		sctx.end()
 		switch {
 		case err == nil:
 			return nil
@@ -248,9 +253,9 @@ func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 // and, in hybrid mode, gives the lease back so that the retry need not wait
 // for its TTL.
 func (x *execution) release(ctx context.Context) {
-	sctx, cancel := x.g.storeContext(ctx)
+	sctx := x.g.storeContext(ctx)
 	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)
-	cancel()
+	sctx.end()
 	if err != nil {
 		x.g.tel.add(ctx, evStoreError)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",

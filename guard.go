@@ -415,8 +415,11 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 
 // storeContext is the context of a store call made on behalf of a request
 // that may already have been cancelled: the answer must still be written.
-func (g *Guard) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
+// It is bounded by StoreTimeout from now; end it when the call returns.
+func (g *Guard) storeContext(ctx context.Context) *bounded {
+	c := new(bounded)
+	c.start(context.WithoutCancel(ctx), time.Now().Add(g.storeTimeout))
+	return c
 }
 
 // MaxHold is the longest a request keeps its key in progress, measured on

@@ -52,11 +52,12 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 // tells them apart, so this request claims (without a lease) and either
 // runs or, losing to the holder, is told 409.
 func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
-	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
-	t0 := g.tel.start()
+	sctx := new(bounded)
+	t0 := time.Now()
+	sctx.start(ctx, t0.Add(g.storeTimeout))
 	rec, err := g.store.Get(sctx, req.Scope, req.Key)
+	sctx.end()
 	g.tel.since(ctx, phaseRead, t0)
-	cancel()
 	switch {
 	case err == nil:
 		return g.decide(ctx, req, rec)
@@ -69,8 +70,8 @@ func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Respons
 // releaseLease gives the lease back; a failure only delays retries until the
 // lease's TTL, so it is logged and not reported.
 func (g *Guard) releaseLease(ctx context.Context, req Request, release func(context.Context) error) {
-	rctx, cancel := g.storeContext(ctx)
-	defer cancel()
+	rctx := g.storeContext(ctx)
+	defer rctx.end()
 	t0 := g.tel.start()
 	err := release(rctx)
 	g.tel.since(ctx, phaseRelease, t0)
