@@ -78,7 +78,7 @@ func TestInstances(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "report")
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), append(args,
-		"-instances", "2", "-rates", "100", "-step", "300ms", "-drain", "2s", "-warmup", "100ms",
+		"-instances", "2", "-rates", "100", "-step", "300ms", "-drain", "5s", "-warmup", "100ms",
 		"-scenarios", "unique,storm", "-work", "1ms", "-out", dir), &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	pids := workerPIDs(t, out.String())

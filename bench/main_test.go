@@ -59,7 +59,7 @@ func TestSmoke(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "report")
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), append(args,
-		"-step", "200ms", "-drain", "500ms", "-warmup", "0", "-rates", "100,200",
+		"-step", "200ms", "-drain", "5s", "-warmup", "0", "-rates", "100,200",
 		"-scenarios", "unique,storm", "-work", "1ms", "-noise-runs", "2", "-out", dir), &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 
