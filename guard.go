@@ -284,13 +284,11 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work, opts ...DoOption
 	if work == nil {
 		return Response{}, OutcomeNone, errors.New("idem: nil work")
 	}
-	var o doOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
 	resp, out, err := g.do(ctx, req, work)
-	if out == OutcomeInProgress && o.wait > 0 && g.waiter != nil && !errors.Is(err, ErrPending) {
-		return g.wait(ctx, req, work, o.wait, err)
+	if out == OutcomeInProgress && len(opts) > 0 && g.waiter != nil && !errors.Is(err, ErrPending) {
+		if o := collect(opts); o.wait > 0 {
+			return g.wait(ctx, req, work, o.wait, err)
+		}
 	}
 	return resp, out, err
 }
@@ -300,6 +298,16 @@ type DoOption func(*doOptions)
 
 type doOptions struct {
 	wait time.Duration
+}
+
+// collect applies opts; it is called only when they matter, since the
+// options escape to the heap.
+func collect(opts []DoOption) doOptions {
+	var o doOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // WaitFor lets a request that finds its key in progress wait up to d for the
