@@ -33,22 +33,7 @@ FROM generate_series(1, 20000) AS g`)
 	home = strings.Trim(home, `"`)
 
 	key := []any{"user-7", "key-7"}
-	owner := make([]byte, 16)
-	hash := make([]byte, 32)
-	statements := map[string]struct {
-		sql  string
-		args []any
-	}{
-		"claim":   {s.sql.claim, append(append([]any{}, key...), hash, owner, s.retention)},
-		"get":     {s.sql.get, append(append([]any{}, key...), s.retention)},
-		"inspect": {s.sql.inspect, append(append([]any{}, key...), s.retention)},
-		"complete": {s.sql.complete, append(append([]any{}, key...), owner, int16(201),
-			[]byte(`{}`), []byte(`{}`), s.retention)},
-		"complete+notify": {s.sql.completeNotify, append(append([]any{}, key...), owner, int16(201),
-			[]byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
-		"release":        {s.sql.release, append(append([]any{}, key...), owner, s.retention)},
-		"release+notify": {s.sql.releaseNotify, append(append([]any{}, key...), owner, s.retention, "c", "t")},
-	}
+	statements := keyStatements(s, key, key)
 	for name, st := range statements {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			t.Run(name+"/"+mode, func(t *testing.T) {

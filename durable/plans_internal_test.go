@@ -65,24 +65,8 @@ WHERE key NOT LIKE '%00'`)
 	require.NoError(t, err)
 	t.Logf("loaded and analysed %d rows in %v", n, time.Since(start).Round(time.Millisecond))
 
-	// A key in progress, one finished, and parameters of the right types.
-	inProgress, finished := []any{"user-100", "key-100"}, []any{"user-1", "key-1"}
-	owner := make([]byte, 16)
-	hash := make([]byte, 32)
-	statements := map[string]struct {
-		sql  string
-		args []any
-	}{
-		"claim":   {s.sql.claim, append(append([]any{}, inProgress...), hash, owner, s.retention)},
-		"get":     {s.sql.get, append(append([]any{}, finished...), s.retention)},
-		"inspect": {s.sql.inspect, append(append([]any{}, finished...), s.retention)},
-		"complete": {s.sql.complete, append(append([]any{}, inProgress...), owner, int16(201),
-			[]byte(`{}`), []byte(`{}`), s.retention)},
-		"complete+notify": {s.sql.completeNotify, append(append([]any{}, inProgress...), owner, int16(201),
-			[]byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
-		"release":        {s.sql.release, append(append([]any{}, inProgress...), owner, s.retention)},
-		"release+notify": {s.sql.releaseNotify, append(append([]any{}, inProgress...), owner, s.retention, "c", "t")},
-	}
+	// A key in progress, one finished.
+	statements := keyStatements(s, []any{"user-100", "key-100"}, []any{"user-1", "key-1"})
 	pkey := DefaultTable + "_pkey"
 	for name, st := range statements {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
@@ -142,6 +126,30 @@ func TestAnswerWritesAreHOT(t *testing.T) {
 	}
 	require.EqualValues(t, n, upd, "answer writes counted")
 	require.EqualValues(t, n, hot, "HOT answer writes of %d", upd)
+}
+
+// keyStatement is a statement of a Store with arguments of the right types.
+type keyStatement struct {
+	sql  string
+	args []any
+}
+
+// keyStatements returns every statement of s on one key, by name: the writes
+// and the claim on the key inProgress, the reads on finished (each a scope
+// and a key).
+func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement {
+	owner := make([]byte, 16)
+	hash := make([]byte, 32)
+	with := func(key []any, more ...any) []any { return append(append([]any{}, key...), more...) }
+	return map[string]keyStatement{
+		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention)},
+		"get":             {s.sql.get, with(finished, s.retention)},
+		"inspect":         {s.sql.inspect, with(finished, s.retention)},
+		"complete":        {s.sql.complete, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
+		"complete+notify": {s.sql.completeNotify, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
+		"release":         {s.sql.release, with(inProgress, owner, s.retention)},
+		"release+notify":  {s.sql.releaseNotify, with(inProgress, owner, s.retention, "c", "t")},
+	}
 }
 
 // planStore migrates a schema of its own, dropped at cleanup, and returns
