@@ -55,7 +55,7 @@ func TestMigrationsAsIs(t *testing.T) {
 	// 0003: fillfactor on the table, the reconciler's index and state table.
 	var opts []string
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&opts))
-	require.Equal(t, []string{"fillfactor=80"}, opts)
+	require.Equal(t, []string{"fillfactor=95"}, opts)
 	var n int
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys_reconcile`).Scan(&n))
 	require.Zero(t, n)
