@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -88,4 +89,42 @@ func commitPool(b *testing.B, conc int, syncCommit string) *pgxpool.Pool {
 	}
 	b.Cleanup(pool.Close)
 	return pool
+}
+
+// BenchmarkFillfactor runs first executions (claim, then a 201 with a
+// Location and its body) on the real schema with the table's fillfactor set
+// to each value, 8 callers, and reports the share of answer writes that were
+// HOT updates (hot-%) and the heap's size per thousand keys (heap-kB/1k-keys).
+// It chose migration 0003's fillfactor: docs/configuration.md, "Schema and
+// migrations".
+//
+//	go test -run '^$' -bench Fillfactor -benchtime 40000x ./bench
+func BenchmarkFillfactor(b *testing.B) {
+	for _, ff := range []int{100, 95, 90, 80} {
+		b.Run(fmt.Sprintf("fillfactor=%d", ff), func(b *testing.B) {
+			store, pool := testdb.Store(b, nil)
+			if _, err := pool.Exec(b.Context(), fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", store.Table(), ff)); err != nil {
+				b.Fatal(err)
+			}
+			db := commitPool(b, 8, "on")
+			firstExecutions(b, 8, store.WithDB(db), store.WithDB(db))
+			b.StopTimer()
+			// Statistics reach the shared counters when a backend goes idle,
+			// at most once a second: wait until every update is counted.
+			var upd, hot, heap int64
+			deadline := time.Now().Add(10 * time.Second)
+			for upd < int64(b.N) && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+				if err := pool.QueryRow(b.Context(), `SELECT n_tup_upd, n_tup_hot_upd, pg_relation_size(relid)
+FROM pg_stat_user_tables WHERE relid = $1::regclass`, store.Table()).Scan(&upd, &hot, &heap); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if upd < int64(b.N) {
+				b.Fatalf("%d updates counted of %d", upd, b.N)
+			}
+			b.ReportMetric(100*float64(hot)/float64(upd), "hot-%")
+			b.ReportMetric(float64(heap)/1024/(float64(b.N)/1000), "heap-kB/1k-keys")
+		})
+	}
 }
