@@ -146,3 +146,33 @@ func TestRun(t *testing.T) {
 		require.Contains(t, all.String(), want)
 	}
 }
+
+// TestRunPartitioned runs the bench on the hash-partitioned layout: the
+// sizes and the statistics are those of the partitions, summed, so they are
+// not zero (a partitioned table has no storage or counters of its own).
+func TestRunPartitioned(t *testing.T) {
+	pool := testdb.Pool(t)
+	var progress bytes.Buffer
+	rep, err := Run(t.Context(), Config{
+		DatabaseURL: testdb.URL(), Rows: []int64{10_000}, Samples: 100, Concurrency: []int{2},
+		Chunk: 5_000, Phase: 1500 * time.Millisecond, Schema: testdb.SchemaName(t, pool),
+		Partitions: 4, Command: "test", Progress: &progress,
+	})
+	require.NoError(t, err, progress.String())
+	require.Equal(t, 4, rep.Partitions)
+	s := rep.Steps[0]
+	require.Equal(t, "95", s.Sizes.Fillfactor, "read from a partition")
+	for _, r := range s.Sizes.Relations {
+		if r.Kind != "toast" && !strings.Contains(r.Name, "reconcile_after") {
+			require.Positive(t, r.Bytes, r.Name)
+		}
+	}
+	require.EqualValues(t, 100, s.Hot[0].Upd, "one update per Complete, summed over the partitions")
+	require.Equal(t, s.Expired, s.Sweep.Deleted)
+
+	dir := filepath.Join(t.TempDir(), "out")
+	require.NoError(t, rep.Write(dir))
+	md, err := os.ReadFile(filepath.Join(dir, MarkdownFile))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "into 4 partitions")
+}

@@ -32,18 +32,28 @@ func (s Sizes) BytesPerMillion() float64 {
 	return float64(s.Total) / float64(s.Rows) * 1e6
 }
 
+// leavesSQL lists the relations that hold the rows of table $1: the table
+// itself, or, when it is partitioned, its partitions (a partitioned table
+// has no storage and no statistics of its own).
+const leavesSQL = `
+SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+UNION ALL
+SELECT $1::regclass WHERE (SELECT relkind FROM pg_class WHERE oid = $1::regclass) <> 'p'`
+
 // readSizes reads the heap, TOAST and every index of table from the
-// catalog; rows is how many rows the table holds.
+// catalog, summed over its partitions if it has any; rows is how many rows
+// the table holds.
 func readSizes(ctx context.Context, pool *pgxpool.Pool, table string, rows int64) (Sizes, error) {
 	s := Sizes{Rows: rows}
 	var heap, toast int64
 	var opts []string
 	err := pool.QueryRow(ctx, `
-SELECT pg_relation_size(c.oid),
-	coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
-	pg_total_relation_size(c.oid),
-	coalesce(c.reloptions, '{}')
-FROM pg_class c WHERE c.oid = $1::regclass`, table).Scan(&heap, &toast, &s.Total, &opts)
+WITH leaves AS (`+leavesSQL+`)
+SELECT coalesce(sum(pg_relation_size(c.oid)), 0)::bigint,
+	coalesce(sum(pg_total_relation_size(nullif(c.reltoastrelid, 0))), 0)::bigint,
+	coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint,
+	coalesce((SELECT reloptions FROM pg_class WHERE oid = (SELECT min(relid::oid) FROM leaves)), '{}')
+FROM leaves l JOIN pg_class c ON c.oid = l.relid`, table).Scan(&heap, &toast, &s.Total, &opts)
 	if err != nil {
 		return s, fmt.Errorf("table size: %w", err)
 	}
@@ -55,7 +65,10 @@ FROM pg_class c WHERE c.oid = $1::regclass`, table).Scan(&heap, &toast, &s.Total
 	}
 	s.Relations = append(s.Relations, Relation{Name: "heap", Kind: "heap", Bytes: heap})
 	idx, err := pool.Query(ctx, `
-SELECT i.relname::text, pg_get_indexdef(i.oid), pg_relation_size(i.oid)
+SELECT i.relname::text, pg_get_indexdef(i.oid),
+	CASE WHEN i.relkind = 'I' -- partitioned: the sum of its partitions' indexes
+		THEN (SELECT coalesce(sum(pg_relation_size(relid)), 0) FROM pg_partition_tree(i.oid) WHERE isleaf)
+		ELSE pg_relation_size(i.oid) END::bigint
 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
 WHERE x.indrelid = $1::regclass
 ORDER BY i.relname`, table)
@@ -91,8 +104,9 @@ func readStats(ctx context.Context, pool *pgxpool.Pool, table string) (tableStat
 	}
 	var s tableStats
 	err := pool.QueryRow(ctx, `
-SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, autovacuum_count
-FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&s.Upd, &s.HotUpd, &s.Del, &s.Dead, &s.Autovacuums)
+SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint,
+	coalesce(sum(n_tup_del), 0)::bigint, coalesce(sum(n_dead_tup), 0)::bigint, coalesce(sum(autovacuum_count), 0)::bigint
+FROM pg_stat_user_tables WHERE relid IN (`+leavesSQL+`)`, table).Scan(&s.Upd, &s.HotUpd, &s.Del, &s.Dead, &s.Autovacuums)
 	if err != nil {
 		return s, fmt.Errorf("table statistics: %w", err)
 	}

@@ -42,6 +42,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		headroom = fs.Duration("headroom", 2*time.Hour, "live rows are spread over the retention less this, so none expires during the run")
 		phase    = fs.Duration("phase", 60*time.Second, "length of each mixed phase with the sweeper running, at the largest size (0: none)")
 		autovac  = fs.Bool("autovacuum", false, "also run the phase with the server's autovacuum on: ALTER SYSTEM SET autovacuum = on, restored on exit (server-wide!)")
+		parts    = fs.Int("partitions", 0, "create the table hash-partitioned on user_id into this many partitions (durable.Config.Partitions; 0: one plain table)")
 		outDir   = fs.String("out", "bench-report-bigtable", "report directory (created; report.md and results.csv replaced)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -71,7 +72,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg := Config{
 		DatabaseURL: *dbURL, Rows: rows, Samples: *samples, Concurrency: conc,
 		ExpiredShare: *expired, Chunk: *chunk, LoadWorkers: *workers, Headroom: *headroom,
-		Phase: *phase, Autovacuum: *autovac, Command: commandLine(fs), Progress: stdout,
+		Phase: *phase, Autovacuum: *autovac, Partitions: *parts, Command: commandLine(fs), Progress: stdout,
 	}
 	if *phase == 0 {
 		cfg.Phase = -1

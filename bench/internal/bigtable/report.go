@@ -89,6 +89,9 @@ func (rep *Report) Markdown(w io.Writer) {
 	}
 	p("Command: `%s` (%s, started %s).\n\n", rep.Command, rep.Finished.Sub(rep.Started).Round(time.Second), rep.Started.UTC().Format(time.RFC3339))
 	p("Table %s, created with `durable.Migrate` (migrations %v applied), dropped at the end. ", rep.Table, rep.Migrations)
+	if rep.Partitions > 0 {
+		p("Hash-partitioned on user_id into %d partitions (`durable.Config.Partitions`); sizes and statistics are summed over them. ", rep.Partitions)
+	}
 	p("Rows loaded with `INSERT ... SELECT FROM generate_series` in chunks (not through the store): ")
 	p("user_id `user-<n %% 1e6>`, a uuid-like key, 32-byte request_hash, 16-byte owner_token, 1%% in progress, ")
 	p("the rest answered (201, Location and Content-Type headers, a ~300-byte JSON body); created_at uniform over the last %v ", rep.Retention-rep.Headroom)

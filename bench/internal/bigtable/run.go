@@ -51,6 +51,10 @@ type Config struct {
 	// Autovacuum adds a phase with the server's autovacuum turned on (ALTER
 	// SYSTEM SET autovacuum = on, restored at the end).
 	Autovacuum bool
+	// Partitions, when positive, creates the table hash-partitioned on
+	// user_id into that many partitions (durable.Config.Partitions); sizes
+	// and statistics are summed over them.
+	Partitions int
 	// Schema is the schema to create (and drop at the end). Defaults to
 	// idem_bigtable_<random hex>.
 	Schema string
@@ -117,6 +121,7 @@ type Report struct {
 	Settings          []Setting // at the start
 	Table             string
 	Migrations        []int64 // versions durable.Migrate applied
+	Partitions        int     // hash partitions on user_id; 0: a plain table
 	Retention         time.Duration
 	Headroom          time.Duration
 	ExpiredShare      float64
@@ -196,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 
-	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName}
+	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName, Partitions: cfg.Partitions}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()
@@ -226,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	rep = &Report{
 		Command: cfg.Command, Started: time.Now(), Table: r.table,
 		Retention: store.Retention(), Headroom: cfg.Headroom, ExpiredShare: cfg.ExpiredShare,
-		Samples: cfg.Samples, Concurrency: cfg.Concurrency, Migrations: versions,
+		Samples: cfg.Samples, Concurrency: cfg.Concurrency, Migrations: versions, Partitions: cfg.Partitions,
 	}
 	defer func() {
 		rep.Finished = time.Now()
@@ -397,12 +402,22 @@ func (r *runner) phase(ctx context.Context) (Phase, error) {
 	if _, err := r.vacuumAnalyze(ctx); err != nil {
 		return ph, err
 	}
-	if _, err := r.pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = %d)",
-		r.table, max(expired/4, 1000))); err != nil {
+	// On each partition, if any: a partitioned table takes no storage
+	// parameters. The threshold is shared out among them.
+	leaves, err := r.leaves(ctx)
+	if err != nil {
 		return ph, err
 	}
+	for _, t := range leaves {
+		if _, err := r.pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = %d)",
+			t, max(expired/4/int64(len(leaves)), 1000))); err != nil {
+			return ph, err
+		}
+	}
 	defer func() {
-		_, _ = r.pool.Exec(context.WithoutCancel(ctx), "ALTER TABLE "+r.table+" RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)")
+		for _, t := range leaves {
+			_, _ = r.pool.Exec(context.WithoutCancel(ctx), "ALTER TABLE "+t+" RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)")
+		}
 	}()
 	before, err := readStats(ctx, r.pool, r.table)
 	if err != nil {
@@ -447,7 +462,7 @@ func (r *runner) phase(ctx context.Context) (Phase, error) {
 			case <-t.C:
 			}
 			var n int
-			err := r.pool.QueryRow(pctx, "SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = $1::regclass", r.table).Scan(&n)
+			err := r.pool.QueryRow(pctx, "SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid IN ("+leavesSQL+")", r.table).Scan(&n)
 			if err == nil && n > 0 {
 				vacSeconds.Add(1)
 			}
@@ -494,3 +509,13 @@ func (r *runner) phase(ctx context.Context) (Phase, error) {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// leaves returns the names of the relations that hold the table's rows: the
+// table, or its partitions.
+func (r *runner) leaves(ctx context.Context) ([]string, error) {
+	rows, err := r.pool.Query(ctx, "SELECT relid::regclass::text FROM ("+leavesSQL+") l", r.table)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
