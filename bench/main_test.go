@@ -92,6 +92,11 @@ func TestSmoke(t *testing.T) {
 		require.NoError(t, err)
 		require.Positive(t, st.Size())
 	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+	for _, setting := range []string{"postgres_autovacuum", "postgres_synchronous_commit", "postgres_fsync", "postgres_shared_buffers"} {
+		require.Contains(t, string(md), "- "+setting+": ", "the server settings behind the figures")
+	}
 }
 
 // cancelAfterRows is run's stdout: it cancels once rows step lines have been

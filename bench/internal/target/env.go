@@ -244,7 +244,7 @@ func commandCalls(info string) int64 {
 // the figures, for the report.
 func (e *Env) Versions(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
-	for _, name := range []string{"server_version", "synchronous_commit", "fsync", "shared_buffers", "max_connections"} {
+	for _, name := range []string{"server_version", "synchronous_commit", "fsync", "shared_buffers", "max_connections", "autovacuum"} {
 		var v string
 		if err := e.Pool.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
 			return nil, err
