@@ -399,23 +399,24 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 		}
 		return handled, stuck, nil
 	}
-	// list runs a listing under StoreTimeout; a failure after ctx ended is
-	// ctx's.
-	list := func(fn func(ctx context.Context) ([]dueRow, error)) ([]dueRow, error) {
-		lctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
+	// call runs one statement under StoreTimeout; a failure after ctx ended
+	// is ctx's.
+	call := func(fn func(ctx context.Context) error) error {
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
 		defer cancel()
-		batch, err := fn(lctx)
+		err := fn(sctx)
 		if cerr := ctx.Err(); err != nil && cerr != nil {
-			return nil, cerr
+			return cerr
 		}
-		return batch, err
+		return err
 	}
 
 	for {
-		batch, err := list(func(ctx context.Context) ([]dueRow, error) {
-			return r.rows.listPostponed(ctx, conn, r.cfg.BatchSize)
-		})
-		if err != nil {
+		var batch []dueRow
+		if err := call(func(ctx context.Context) (err error) {
+			batch, err = r.rows.listPostponed(ctx, conn, r.cfg.BatchSize)
+			return err
+		}); err != nil {
 			return err
 		}
 		// A key whose postponement failed is listed again: seen.
@@ -429,42 +430,34 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 	}
 
 	var from, to time.Time
-	if _, err := list(func(ctx context.Context) (_ []dueRow, err error) {
+	if err := call(func(ctx context.Context) (err error) {
 		from, to, err = r.rows.window(ctx, conn, r.cfg.MinAge, r.cfg.MinAge)
-		return nil, err
+		return err
 	}); err != nil {
 		return err
 	}
-	var stuck *dueRow
-	for pos := (cursor{CreatedAt: from}); ; {
-		batch, err := list(func(ctx context.Context) ([]dueRow, error) {
-			return r.rows.listNew(ctx, conn, pos, to, r.cfg.BatchSize)
-		})
-		if err != nil {
+	mark := to
+	for pos, marked := (cursor{CreatedAt: from}), false; ; {
+		var batch []dueRow
+		if err := call(func(ctx context.Context) (err error) {
+			batch, err = r.rows.listNew(ctx, conn, pos, to, r.cfg.BatchSize)
+			return err
+		}); err != nil {
 			return err
 		}
-		_, st, err := handleAll(batch)
+		_, stuck, err := handleAll(batch)
 		if err != nil {
-			return err
+			return err // stopped: the next run scans this window again
 		}
-		if stuck == nil {
-			stuck = st
+		if stuck != nil && !marked {
+			mark, marked = stuck.CreatedAt.Add(-time.Microsecond), true
 		}
 		if len(batch) < r.cfg.BatchSize {
 			break
 		}
 		pos = batch[len(batch)-1].after()
 	}
-	if err := ctx.Err(); err != nil {
-		return err // stopped: the next run scans this window again
-	}
-	mark := to
-	if stuck != nil {
-		mark = stuck.CreatedAt.Add(-time.Microsecond)
-	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
-	defer cancel()
-	if err := r.rows.mark(mctx, conn, mark); err != nil {
+	if err := call(func(ctx context.Context) error { return r.rows.mark(ctx, conn, mark) }); err != nil {
 		return fmt.Errorf("mark the scan: %w", err)
 	}
 	return nil

@@ -100,8 +100,7 @@ func (b *bundle) age(t *testing.T, scope, key, by string) {
 	require.NoError(t, b.pool.QueryRow(b.ctx,
 		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval WHERE user_id = $1 AND key = $2 RETURNING created_at`,
 		scope, key, by).Scan(&created))
-	t2 := b.store.Table()
-	_, err := b.pool.Exec(b.ctx, `UPDATE `+t2[:len(t2)-1]+`_reconcile" SET scanned_to = least(scanned_to, $1::timestamptz - interval '1 microsecond')`, created)
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.stateTable()+` SET scanned_to = least(scanned_to, $1::timestamptz - interval '1 microsecond')`, created)
 	require.NoError(t, err)
 }
 
