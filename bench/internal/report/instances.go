@@ -1,9 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
-	"image/color"
 	"io"
 	"slices"
 	"strconv"
@@ -14,7 +14,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // InstancesCSV is the file Write adds when the run drove worker processes.
@@ -69,15 +68,7 @@ func (r *Report) InstanceSeries(scenario, strategy string, instances int) []Inst
 			out = append(out, row)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b InstanceRow) int {
-		switch {
-		case a.Offered < b.Offered:
-			return -1
-		case a.Offered > b.Offered:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b InstanceRow) int { return cmp.Compare(a.Offered, b.Offered) })
 	return out
 }
 
@@ -351,7 +342,7 @@ func (r *Report) PlotInstances(path string) error {
 	}
 	dashes := [][]vg.Length{nil, {vg.Points(5), vg.Points(3)}, {vg.Points(1.5), vg.Points(2.5)}, {vg.Points(8), vg.Points(2), vg.Points(2), vg.Points(2)}}
 	glyphs := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.BoxGlyph{}, draw.TriangleGlyph{}, draw.CrossGlyph{}}
-	plots := [][]*plot.Plot{nil}
+	var panels []*plot.Plot
 	for _, sc := range scenarios {
 		p := plot.New()
 		p.Title.Text = "many instances: " + sc
@@ -396,23 +387,11 @@ func (r *Report) PlotInstances(path string) error {
 			p.X.Tick.Marker, p.Y.Tick.Marker = fixedTicks(offered), ticks125{}
 			p.X.Min, p.X.Max = lo/1.15, hi*1.15
 			p.Y.Max *= 4 // room for the legend
-			d, err := plotter.NewLine(plotter.XYs{{X: lo, Y: lo}, {X: hi, Y: hi}})
-			if err != nil {
+			if err := addOffered(p, lo, hi); err != nil {
 				return err
 			}
-			d.Color = color.Gray{Y: 0x99}
-			d.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
-			p.Add(d)
-			p.Legend.Add("offered", d)
 		}
-		plots[0] = append(plots[0], p)
+		panels = append(panels, p)
 	}
-	const panelW, panelH = 5.5 * vg.Inch, 4.2 * vg.Inch
-	img := vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(panelW*vg.Length(len(scenarios)), panelH), vgimg.UseDPI(110))}
-	tiles := draw.Tiles{Rows: 1, Cols: len(scenarios), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align(plots, tiles, draw.New(img))
-	for j, p := range plots[0] {
-		p.Draw(canvases[0][j])
-	}
-	return writePNG(path, img)
+	return writePanels(path, panels)
 }

@@ -56,7 +56,7 @@ func (r *Report) plot(path, ylabel string, logY bool, y func(Row) float64, diago
 	if len(scenarios) == 0 {
 		scenarios = []string{"(no data)"}
 	}
-	plots := make([][]*plot.Plot, 1)
+	var panels []*plot.Plot
 	for _, sc := range scenarios {
 		p := plot.New()
 		p.Title.Text = sc
@@ -132,24 +132,38 @@ func (r *Report) plot(path, ylabel string, logY bool, y func(Row) float64, diago
 					minOffered = min(minOffered, row.Offered)
 				}
 			}
-			d, err := plotter.NewLine(plotter.XYs{{X: minOffered, Y: minOffered}, {X: maxOffered, Y: maxOffered}})
-			if err != nil {
+			if err := addOffered(p, minOffered, maxOffered); err != nil {
 				return err
 			}
-			d.Color = color.Gray{Y: 0x99}
-			d.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
-			p.Add(d)
-			p.Legend.Add("offered", d)
 		}
-		plots[0] = append(plots[0], p)
+		panels = append(panels, p)
 	}
+	return writePanels(path, panels)
+}
+
+// addOffered draws the achieved = offered diagonal from lo to hi on p, dashed
+// grey, with its legend entry.
+func addOffered(p *plot.Plot, lo, hi float64) error {
+	d, err := plotter.NewLine(plotter.XYs{{X: lo, Y: lo}, {X: hi, Y: hi}})
+	if err != nil {
+		return err
+	}
+	d.Color = color.Gray{Y: 0x99}
+	d.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
+	p.Add(d)
+	p.Legend.Add("offered", d)
+	return nil
+}
+
+// writePanels draws panels side by side, one per scenario, aligned, into a
+// PNG file at path.
+func writePanels(path string, panels []*plot.Plot) error {
 	const panelW, panelH = 5.5 * vg.Inch, 4.2 * vg.Inch
 	img := vgimg.PngCanvas{Canvas: vgimg.NewWith(
-		vgimg.UseWH(panelW*vg.Length(len(scenarios)), panelH), vgimg.UseDPI(110))}
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(scenarios), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align(plots, tiles, dc)
-	for j, p := range plots[0] {
+		vgimg.UseWH(panelW*vg.Length(len(panels)), panelH), vgimg.UseDPI(110))}
+	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	canvases := plot.Align([][]*plot.Plot{panels}, tiles, draw.New(img))
+	for j, p := range panels {
 		p.Draw(canvases[0][j])
 	}
 	return writePNG(path, img)

@@ -4,6 +4,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -123,15 +124,7 @@ func (r *Report) Series(scenario, strategy, impl string) []Row {
 			out = append(out, row)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b Row) int {
-		switch {
-		case a.Offered < b.Offered:
-			return -1
-		case a.Offered > b.Offered:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b Row) int { return cmp.Compare(a.Offered, b.Offered) })
 	return out
 }
 
