@@ -33,19 +33,10 @@ FROM generate_series(1, 20000) AS g`)
 	home = strings.Trim(home, `"`)
 
 	key := []any{"user-7", "key-7"}
-	statements := keyStatements(s, key, key)
-	for name, st := range statements {
-		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-			t.Run(name+"/"+mode, func(t *testing.T) {
-				scans := explainScans(t, ctx, pool, mode, st.sql, st.args)
-				require.NotEmpty(t, scans, "no scan of the table")
-				for _, sc := range scans {
-					require.Equal(t, home, sc.Relation, "%s reads partition %s (%s)", name, sc.Relation, mode)
-					require.Equal(t, home+"_pkey", sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
-				}
-			})
-		}
-	}
+	checkPlans(t, pool, keyStatements(s, key, key), func(t *testing.T, name, mode string, sc scan) {
+		require.Equal(t, home, sc.Relation, "%s reads partition %s (%s)", name, sc.Relation, mode)
+		require.Equal(t, home+"_pkey", sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
+	})
 
 	// Control: the sweeper's statement reads every partition, which shows
 	// the check above can see them.

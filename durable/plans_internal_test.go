@@ -68,14 +68,22 @@ WHERE key NOT LIKE '%00'`)
 	// A key in progress, one finished.
 	statements := keyStatements(s, []any{"user-100", "key-100"}, []any{"user-1", "key-1"})
 	pkey := DefaultTable + "_pkey"
+	checkPlans(t, pool, statements, func(t *testing.T, name, mode string, sc scan) {
+		require.Equal(t, "Index Scan", sc.NodeType, "%s reads the table with %s on %s (%s)", name, sc.NodeType, sc.Index, mode)
+		require.Equal(t, pkey, sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
+	})
+}
+
+// checkPlans explains each statement under the custom and the generic plan,
+// in a subtest each, and calls check on every node that reads a relation.
+func checkPlans(t *testing.T, pool *pgxpool.Pool, statements map[string]keyStatement, check func(t *testing.T, name, mode string, sc scan)) {
 	for name, st := range statements {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			t.Run(name+"/"+mode, func(t *testing.T) {
-				scans := explainScans(t, ctx, pool, mode, st.sql, st.args)
+				scans := explainScans(t, t.Context(), pool, mode, st.sql, st.args)
 				require.NotEmpty(t, scans, "no scan of the table")
 				for _, sc := range scans {
-					require.Equal(t, "Index Scan", sc.NodeType, "%s reads the table with %s on %s (%s)", name, sc.NodeType, sc.Index, mode)
-					require.Equal(t, pkey, sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
+					check(t, name, mode, sc)
 				}
 			})
 		}
