@@ -1,13 +1,11 @@
 package durable_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/migrations"
 )
 
 // TestMigrationsAsIs applies the migration files the way golang-migrate
@@ -15,29 +13,15 @@ import (
 // the result.
 func TestMigrationsAsIs(t *testing.T) {
 	b := setupMigrate(t)
-	_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
-	require.NoError(t, err)
-	conn, err := b.pool.Acquire(b.ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(b.ctx, "SET search_path TO "+b.schema)
-	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path") }()
-
-	for _, name := range []string{
+	conn := b.schemaConn(t)
+	b.applyFiles(t, conn,
 		"0001_create_idempotency_keys.up.sql",
 		"0002_add_reconcile_columns.up.sql",
 		"0002_add_reconcile_columns.down.sql",
 		"0002_add_reconcile_columns.up.sql",
 		"0003_hot_answer_writes.up.sql",
 		"0003_hot_answer_writes.down.sql",
-		"0003_hot_answer_writes.up.sql",
-	} {
-		sql, err := migrations.FS.ReadFile(name)
-		require.NoError(t, err)
-		_, err = conn.Exec(b.ctx, string(sql))
-		require.NoError(t, err, name)
-	}
+		"0003_hot_answer_writes.up.sql")
 	store, err := durable.New(conn.Conn(), nil)
 	require.NoError(t, err)
 	p := params(t, "user-1", "key-1", "a")

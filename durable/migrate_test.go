@@ -254,24 +254,38 @@ func TestMigrateDown(t *testing.T) {
 // SQL on a connection whose search_path is the target schema.
 func TestMigrationFilesAsIs(t *testing.T) {
 	b := setupMigrate(t)
+	b.applyFiles(t, b.schemaConn(t),
+		"0001_create_idempotency_keys.up.sql",
+		"0001_create_idempotency_keys.down.sql",
+		"0001_create_idempotency_keys.up.sql")
+	require.True(t, b.exists(t, "idempotency_keys"))
+}
+
+// schemaConn creates the bundle's schema and returns a connection whose
+// search_path is that schema, as golang-migrate would use, released (and its
+// search_path reset) at the end of t.
+func (b *migrateBundle) schemaConn(t *testing.T) *pgxpool.Conn {
+	t.Helper()
 	_, err := b.pool.Exec(b.ctx, "CREATE SCHEMA "+b.schema)
 	require.NoError(t, err)
 	conn, err := b.pool.Acquire(b.ctx)
 	require.NoError(t, err)
-	defer conn.Release()
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path")
+		conn.Release()
+	})
 	_, err = conn.Exec(b.ctx, "SET search_path TO "+b.schema)
 	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(b.ctx), "RESET search_path") }()
+	return conn
+}
 
-	for _, name := range []string{
-		"0001_create_idempotency_keys.up.sql",
-		"0001_create_idempotency_keys.down.sql",
-		"0001_create_idempotency_keys.up.sql",
-	} {
+// applyFiles runs the migration files named, in order, as plain SQL on conn.
+func (b *migrateBundle) applyFiles(t *testing.T, conn *pgxpool.Conn, names ...string) {
+	t.Helper()
+	for _, name := range names {
 		sql, err := migrations.FS.ReadFile(name)
 		require.NoError(t, err)
 		_, err = conn.Exec(b.ctx, string(sql))
 		require.NoError(t, err, name)
 	}
-	require.True(t, b.exists(t, "idempotency_keys"))
 }
