@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/bench/internal/fixture"
 	"github.com/idemguard/idem/bench/internal/target"
@@ -53,7 +55,8 @@ var (
 type rig struct {
 	guard  *idem.Guard
 	store  *durable.Store
-	locker *lock.Locker // nil in table mode
+	locker *lock.Locker  // nil in table mode
+	pool   *pgxpool.Pool // the store's pool, not counted: for preparing rows
 	pg     *fixture.CountingDB
 	redis  *fixture.RedisCounter
 }
@@ -61,7 +64,7 @@ type rig struct {
 func newRig(tb testing.TB, strategy string) *rig {
 	tb.Helper()
 	store, pool := testdb.Store(tb, nil)
-	r := &rig{pg: fixture.NewCountingDB(pool), redis: &fixture.RedisCounter{}}
+	r := &rig{pool: pool, pg: fixture.NewCountingDB(pool), redis: &fixture.RedisCounter{}}
 	r.store = store.WithDB(r.pg)
 	cfg := &idem.Config{Logger: discard}
 	if strategy == target.Hybrid {
@@ -127,6 +130,26 @@ var paths = []path{
 		}
 		req.Fingerprint[0] ^= 0xff
 		return func(int) idem.Request { return req }
+	}},
+	{"expired_key", idem.OutcomeExecuted, func(tb testing.TB, r *rig) func(int) idem.Request {
+		// Keys reused after their retention, before the sweeper's pass:
+		// each request finds the answered row of an earlier intent, 25
+		// hours old, and is a new intent. The rows are inserted 1,000 at a
+		// time, outside the counted store, as the requests reach them.
+		return func(i int) idem.Request {
+			if i%1000 == 0 {
+				_, err := r.pool.Exec(tb.Context(), `
+INSERT INTO `+r.store.Table()+` (user_id, key, request_hash, owner_token, response_status,
+	response_headers, response_body, created_at, completed_at)
+SELECT 'user-42', 'expired-' || g, sha256(('expired-' || g)::bytea), decode(md5(g::text), 'hex'), 201,
+	'{}', '', now() - interval '25 hours', now() - interval '25 hours'
+FROM generate_series($1::int, $1::int + 999) AS g`, i)
+				if err != nil {
+					tb.Fatal(err)
+				}
+			}
+			return request("expired-" + strconv.Itoa(i))
+		}
 	}},
 	{"missing_key", idem.OutcomeNone, func(tb testing.TB, r *rig) func(int) idem.Request {
 		req := request("")

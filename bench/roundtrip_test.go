@@ -19,6 +19,7 @@ func TestRoundTrips(t *testing.T) {
 			"replay":          {1, 0}, // claim returns the finished row
 			"in_progress":     {1, 0},
 			"key_reused":      {1, 0},
+			"expired_key":     {3, 0}, // claim finds the expired row, takeover, complete
 			"missing_key":     {0, 0},
 		},
 		target.Hybrid: {
@@ -26,6 +27,7 @@ func TestRoundTrips(t *testing.T) {
 			"replay":          {1, 1}, // SET NX refused (the lease of the first execution), get
 			"in_progress":     {1, 1}, // SET NX refused, get finds the running row
 			"key_reused":      {1, 1},
+			"expired_key":     {3, 1}, // SET NX, claim finds the expired row, takeover, complete
 			"missing_key":     {0, 0},
 		},
 	}

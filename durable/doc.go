@@ -35,14 +35,15 @@
 //
 // Each call is one SQL statement, so one round trip, and safe to run
 // concurrently from any number of instances: Claim decides the winner with
-// INSERT ... ON CONFLICT DO NOTHING (and an UPDATE that takes over an expired
-// row) in the same statement that returns the existing row to the losers. A
-// lost claim (a replay, a retry in progress, a reused key) locks and writes
-// nothing: it costs what a SELECT costs; Complete, Settle, Release and
-// ReleaseInProgress are one guarded UPDATE or DELETE. The exceptions, each documented on its method,
-// are a Claim that races with another claimer (one more statement), the
-// failure paths of the guarded writes (one more statement to tell ErrNotFound,
-// ErrNotOwner and ErrCompleted apart), and Sweep, which repeats batches.
+// INSERT ... ON CONFLICT DO NOTHING in the same statement that returns the
+// existing row to the losers. A lost claim (a replay, a retry in progress, a
+// reused key) locks and writes nothing: it costs what a SELECT costs;
+// Complete, Settle, Release and ReleaseInProgress are one guarded UPDATE or
+// DELETE. The exceptions, each documented on its method, are a Claim that
+// finds an expired row (one more statement takes it over) or races with
+// another claimer (one more statement), the failure paths of the guarded
+// writes (one more statement to tell ErrNotFound, ErrNotOwner and
+// ErrCompleted apart), and Sweep, which repeats batches.
 //
 // # Transactions
 //

@@ -151,6 +151,7 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 	with := func(key []any, more ...any) []any { return append(append([]any{}, key...), more...) }
 	return map[string]keyStatement{
 		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention)},
+		"takeover":        {s.sql.takeover, with(inProgress, hash, owner, s.retention)},
 		"get":             {s.sql.get, with(finished, s.retention)},
 		"inspect":         {s.sql.inspect, with(finished, s.retention)},
 		"complete":        {s.sql.complete, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},

@@ -13,9 +13,9 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
 type statements struct {
-	claim, get, complete, release string
-	completeNotify, releaseNotify string
-	inspect, sweepBatch           string
+	claim, takeover, get, complete, release string
+	completeNotify, releaseNotify           string
+	inspect, sweepBatch                     string
 }
 
 // newStatements builds the statements for the quoted, qualified table name t.
@@ -31,54 +31,61 @@ func newStatements(t string) *statements {
 	st := &statements{
 		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
 		//
-		// upd takes over an expired row; ins inserts the row when there is
-		// none; the last branch returns the live row that stopped both.
-		// When the key is live (a replay, a retry in progress, a reused
-		// key) neither upd nor ins writes or locks anything: the UPDATE's
-		// WHERE filters the row out before locking it, and ON CONFLICT DO
-		// NOTHING skips on its pre-check. So a lost claim is a plain read:
-		// no transaction id, no WAL, no commit flush. (ON CONFLICT DO
-		// UPDATE ... WHERE expired would lock the live row, a WAL write.)
+		// ins inserts the row when there is none; otherwise the second
+		// branch returns the row that stopped it, with a last column that
+		// says whether it has expired. A new key costs what the bare INSERT
+		// costs: one primary-key probe (ON CONFLICT's pre-check) and the
+		// insert. When the key is taken (a replay, a retry in progress, a
+		// reused key) the INSERT writes and locks nothing: ON CONFLICT DO
+		// NOTHING skips on its pre-check, so a lost claim is a plain read,
+		// with no transaction id, no WAL and no commit flush. (ON CONFLICT
+		// DO UPDATE ... WHERE expired would lock the live row, a WAL
+		// write.) An expired row is taken over by the takeover statement,
+		// a second round trip that only a key reused after its retention
+		// and before the sweeper's pass pays.
 		//
-		// upd states expiry as created_at + retention < now(), which no
-		// index on created_at can serve: otherwise a planner that expects
-		// no expired rows picks that index (TestPlansUseThePrimaryKey saw
-		// it on a small table), and each claim would then walk every
-		// expired row still waiting for the sweeper.
-		//
-		// Under READ COMMITTED the last branch reads the statement's
+		// Under READ COMMITTED the second branch reads the statement's
 		// snapshot, so a row another claimer committed after it started
 		// is not seen: the statement then returns no row and Claim falls
-		// back to Get. Two takeovers of one expired row serialise on its
-		// row lock; the second re-checks the WHERE against the new
-		// version, finds it live, and updates nothing.
+		// back to Get.
 		claim: r.Replace(`
-WITH upd AS (
-	UPDATE {t} SET
-		request_hash       = $3,
-		owner_token        = $4,
-		response_status    = NULL,
-		response_headers   = NULL,
-		response_body      = NULL,
-		created_at         = now(),
-		completed_at       = NULL,
-		reconcile_attempts = 0,
-		reconcile_after    = NULL
-	WHERE user_id = $1 AND key = $2 AND created_at + $5::bigint * interval '1 microsecond' < now()
-	RETURNING {cols}
-), ins AS (
+WITH ins AS (
 	INSERT INTO {t} (user_id, key, request_hash, owner_token)
-	SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT 1 FROM upd)
+	VALUES ($1, $2, $3, $4)
 	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
 )
-SELECT {cols}, true FROM upd
+SELECT {cols}, true AS claimed, false AS expired FROM ins
 UNION ALL
-SELECT {cols}, true FROM ins
-UNION ALL
-SELECT {cols}, false FROM {t}
-WHERE user_id = $1 AND key = $2 AND created_at >= now() - $5::bigint * interval '1 microsecond'
-	AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)`),
+SELECT {cols}, false, created_at < now() - $5::bigint * interval '1 microsecond' FROM {t}
+WHERE user_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`),
+
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
+		//
+		// Takes over the expired row of a key: a new intent, with no
+		// answer and a fresh created_at, as if the row had been deleted
+		// and inserted again. Two takeovers of one expired row serialise
+		// on its row lock; the second re-checks the WHERE against the new
+		// version, finds it live, and updates nothing.
+		//
+		// Expiry is stated as created_at + retention < now(), which no
+		// index on created_at can serve: otherwise a planner that expects
+		// no expired rows could pick that index (TestPlansUseThePrimaryKey
+		// saw it on a small table) and walk every expired row still waiting
+		// for the sweeper.
+		takeover: r.Replace(`
+UPDATE {t} SET
+	request_hash       = $3,
+	owner_token        = $4,
+	response_status    = NULL,
+	response_headers   = NULL,
+	response_body      = NULL,
+	created_at         = now(),
+	completed_at       = NULL,
+	reconcile_attempts = 0,
+	reconcile_after    = NULL
+WHERE user_id = $1 AND key = $2 AND created_at + $5::bigint * interval '1 microsecond' < now()
+RETURNING {cols}`),
 
 		// $1 scope, $2 key, $3 retention.
 		get: r.Replace(`

@@ -13,11 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// claimAttempts bounds the claim statement plus Get fallback loop of Claim.
+// claimAttempts bounds Claim's loop of a claim statement followed by a
+// takeover or a Get.
 const claimAttempts = 3
 
 // errContended is the cause Claim reports when, claimAttempts times in a row,
-// the row vanished between the claim statement and the Get that followed it.
+// the row changed between the claim statement and the takeover or Get that
+// followed it.
 var errContended = errors.New("row kept changing under concurrent claims and releases")
 
 // Store reads and writes the idempotency table. Every method is one
@@ -112,10 +114,12 @@ func (p *ClaimParams) check(op string) error {
 // false; the caller compares its Fingerprint with p.Fingerprint. Among any
 // number of concurrent Claims of one key exactly one wins.
 //
-// Claim is one statement, so one round trip, unless it races with another
-// claimer: a row committed by another transaction after the statement began
-// is not visible to it, so Claim then reads the row with [Store.Get], and if
-// that row was released meanwhile, claims again, at most 3 times in all.
+// Claim is one statement, so one round trip, with two exceptions. When the
+// key's row has expired, a second statement takes it over. When Claim races
+// with another claimer, a row committed by another transaction after the
+// statement began is not visible to it, so Claim then reads the row with
+// [Store.Get]. If the row was released, deleted or taken over meanwhile,
+// Claim claims again, at most 3 times in all.
 //
 // WARNING: inside a REPEATABLE READ or SERIALIZABLE transaction (see
 // [Store.WithDB]) a race with a concurrent claimer fails with PostgreSQL's
@@ -126,13 +130,26 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 		return Record{}, false, err
 	}
 	for range claimAttempts {
-		var ok bool
+		var claimed, expired bool
 		rec, err = scanRecord(s.db.QueryRow(ctx, s.sql.claim,
-			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention), &ok)
-		if err == nil {
-			return rec, ok, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention), &claimed, &expired)
+		switch {
+		case err == nil && !expired:
+			return rec, claimed, nil
+		case err == nil:
+			// The key's row has expired: this request is a new intent.
+			rec, err = scanRecord(s.db.QueryRow(ctx, s.sql.takeover,
+				p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention))
+			if err == nil {
+				return rec, true, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return Record{}, false, translate(op, err)
+			}
+			// Another claimer took it over first, or the sweeper
+			// deleted it: claim again.
+			continue
+		case !errors.Is(err, pgx.ErrNoRows):
 			return Record{}, false, translate(op, err)
 		}
 		// Another claimer committed the row after our snapshot was taken.

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemguard/idem"
@@ -214,8 +213,8 @@ func nextToken(n *atomic.Uint64) [16]byte {
 // row is what a decision needs from a returned row, read from the raw
 // (undecoded) values by column name.
 type row struct {
-	found, claimed, inProgress bool
-	hash                       []byte
+	found, claimed, expired, inProgress bool
+	hash                                []byte
 }
 
 // queryRow runs a statement that returns at most one row.
@@ -224,7 +223,9 @@ func (c *ceiling) queryRow(ctx context.Context, sql string, args ...any) (row, e
 }
 
 // queryRow runs a statement that returns at most one row, through env's
-// counting DB, and reads what a decision needs from its raw values.
+// counting DB, and reads what a decision needs from its raw values: the
+// fingerprint, whether an answer is stored, and the claim's two booleans
+// (whether it inserted the row, whether the row it found has expired).
 func queryRow(ctx context.Context, env *Env, sql string, args ...any) (row, error) {
 	var r row
 	rows, err := env.PGStatements.Query(ctx, sql, args...)
@@ -241,17 +242,20 @@ func queryRow(ctx context.Context, env *Env, sql string, args ...any) (row, erro
 				r.hash = bytes.Clone(raw[i])
 			case "response_status":
 				r.inProgress = raw[i] == nil
+			case "claimed":
+				r.claimed = isTrue(raw[i])
+			case "expired":
+				r.expired = isTrue(raw[i])
 			}
-		}
-		// The claim's last column, the only boolean, says whether it
-		// inserted the row.
-		fds := rows.FieldDescriptions()
-		if last := raw[len(raw)-1]; fds[len(fds)-1].DataTypeOID == pgtype.BoolOID && len(last) == 1 {
-			r.claimed = last[0] == 1 || last[0] == 't' // binary or text format
 		}
 	}
 	rows.Close()
 	return r, rows.Err()
+}
+
+// isTrue reads a raw boolean, in binary or text format.
+func isTrue(raw []byte) bool {
+	return len(raw) == 1 && (raw[0] == 1 || raw[0] == 't')
 }
 
 func decide(r row, fp idem.Fingerprint) string {
@@ -281,10 +285,13 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error)
 			return idem.OutcomeInProgress.String(), nil
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return "", err
-	}
-	if !r.claimed {
+	case r.expired:
+		// Keys are unique within a run and live 24 hours: not reached.
+		return "", errors.New("ceiling: the claim found an expired row, which the ceiling does not take over")
+	case !r.claimed:
 		return decide(r, req.Fingerprint), nil
 	}
 	if err := sleepWork(ctx, c.work); err != nil {
