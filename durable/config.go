@@ -21,7 +21,8 @@ const (
 )
 
 // maxTableLen leaves room for the longest suffix the migrations append
-// (idempotency_keys_request_hash_check) within PostgreSQL's 63-byte limit.
+// (idempotency_keys_request_hash_check, created by 0001 and dropped by 0004)
+// within PostgreSQL's 63-byte limit.
 const (
 	maxTableLen  = 40
 	maxSchemaLen = 63

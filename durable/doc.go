@@ -20,7 +20,8 @@
 //	reconcile_after    timestamptz, when the reconciler may try again
 //
 // A row is in progress (no answer yet) or finished; the status and
-// completed_at are NULL together. Every timestamp comes from the database
+// completed_at are NULL together (the store's statements keep them so; the
+// table has no CHECK constraints, see migration 0004). Every timestamp comes from the database
 // clock, never from the application's, so instances with skewed clocks agree.
 //
 // # Retention and takeover

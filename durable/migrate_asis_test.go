@@ -21,7 +21,20 @@ func TestMigrationsAsIs(t *testing.T) {
 		"0002_add_reconcile_columns.up.sql",
 		"0003_hot_answer_writes.up.sql",
 		"0003_hot_answer_writes.down.sql",
-		"0003_hot_answer_writes.up.sql")
+		"0003_hot_answer_writes.up.sql",
+		"0004_drop_check_constraints.up.sql")
+	// 0004's down file restores the CHECK constraints; up drops them again.
+	checks := func() int {
+		var n int
+		require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM pg_constraint
+WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
+		return n
+	}
+	require.Zero(t, checks())
+	b.applyFiles(t, conn, "0004_drop_check_constraints.down.sql")
+	require.Equal(t, 4, checks())
+	b.applyFiles(t, conn, "0004_drop_check_constraints.up.sql")
+	require.Zero(t, checks())
 	store, err := durable.New(conn.Conn(), nil)
 	require.NoError(t, err)
 	p := params(t, "user-1", "key-1", "a")

@@ -69,15 +69,13 @@ func TestMigrate(t *testing.T) {
 		cfg := &durable.Config{Schema: b.schema}
 		require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
 		require.True(t, b.exists(t, "idempotency_keys"))
-		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "idempotency_keys"))
+		require.Equal(t, []int64{1, 2, 3, 4}, b.versions(t, "idempotency_keys"))
 		require.Equal(t, []string{
 			"idem_migrations",
 			"idem_migrations_pkey",
 			"idem_migrations_pkey",
 			"idempotency_keys",
-			"idempotency_keys_answer_check",
 			"idempotency_keys_created_at_idx",
-			"idempotency_keys_owner_token_check",
 			"idempotency_keys_pkey",
 			"idempotency_keys_pkey",
 			"idempotency_keys_reconcile",
@@ -85,8 +83,6 @@ func TestMigrate(t *testing.T) {
 			"idempotency_keys_reconcile_one",
 			"idempotency_keys_reconcile_pkey",
 			"idempotency_keys_reconcile_pkey",
-			"idempotency_keys_request_hash_check",
-			"idempotency_keys_status_check",
 		}, b.objects(t))
 
 		var comment string
@@ -124,7 +120,7 @@ func TestMigrate(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.True(t, b.exists(t, "idempotency_keys"))
-		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "idempotency_keys"))
+		require.Equal(t, []int64{1, 2, 3, 4}, b.versions(t, "idempotency_keys"))
 	})
 
 	t.Run("concurrent calls for two tables of a fresh schema", func(t *testing.T) {
@@ -150,7 +146,7 @@ func TestMigrate(t *testing.T) {
 		}
 		for _, table := range tables {
 			require.True(t, b.exists(t, table))
-			require.Equal(t, []int64{1, 2, 3}, b.versions(t, table))
+			require.Equal(t, []int64{1, 2, 3, 4}, b.versions(t, table))
 		}
 	})
 
@@ -163,9 +159,7 @@ func TestMigrate(t *testing.T) {
 			"idem_migrations_pkey",
 			"idem_migrations_pkey",
 			"orders_idem",
-			"orders_idem_answer_check",
 			"orders_idem_created_at_idx",
-			"orders_idem_owner_token_check",
 			"orders_idem_pkey",
 			"orders_idem_pkey",
 			"orders_idem_reconcile",
@@ -173,10 +167,8 @@ func TestMigrate(t *testing.T) {
 			"orders_idem_reconcile_one",
 			"orders_idem_reconcile_pkey",
 			"orders_idem_reconcile_pkey",
-			"orders_idem_request_hash_check",
-			"orders_idem_status_check",
 		}, b.objects(t))
-		require.Equal(t, []int64{1, 2, 3}, b.versions(t, "orders_idem"))
+		require.Equal(t, []int64{1, 2, 3, 4}, b.versions(t, "orders_idem"))
 		require.Empty(t, b.versions(t, "idempotency_keys"))
 
 		store, err := durable.New(b.pool, cfg)
@@ -191,7 +183,14 @@ func TestMigrate(t *testing.T) {
 		b := setupMigrate(t)
 		table := "t234567890123456789012345678901234567890"
 		require.NoError(t, durable.Migrate(b.ctx, b.pool, &durable.Config{Schema: b.schema, Table: table}))
-		require.Contains(t, b.objects(t), table+"_request_hash_check", "no name was truncated")
+		// 0001 creates constraints named table+"_request_hash_check", the
+		// longest suffix, and 0004 drops them by their full names: a
+		// truncated name would survive the drop.
+		objects := b.objects(t)
+		require.Contains(t, objects, table+"_reconcile_after_idx", "no name was truncated")
+		for _, o := range objects {
+			require.NotContains(t, o, "_check", "a CHECK constraint survived 0004")
+		}
 	})
 
 	t.Run("current schema", func(t *testing.T) {
@@ -243,7 +242,7 @@ func TestMigrateDown(t *testing.T) {
 	require.False(t, b.exists(t, "idempotency_keys"))
 	require.Empty(t, b.versions(t, "idempotency_keys"))
 	require.True(t, b.exists(t, "other_keys"), "other tables untouched")
-	require.Equal(t, []int64{1, 2, 3}, b.versions(t, "other_keys"))
+	require.Equal(t, []int64{1, 2, 3, 4}, b.versions(t, "other_keys"))
 
 	require.NoError(t, durable.MigrateDown(b.ctx, b.pool, cfg), "no-op the second time")
 	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg), "can migrate up again")

@@ -103,10 +103,11 @@ WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval 
 		// reconciler's partial index once it has its answer; on every other
 		// row it is already NULL, which PostgreSQL counts as unchanged.
 		//
-		// The writes of one key (complete, release) say "no answer yet" as
-		// completed_at IS NULL, which the CHECK constraint makes the same
-		// as response_status IS NULL. TestPlansUseThePrimaryKey pins their
-		// plans on the primary key.
+		// Every statement says "no answer yet" as response_status IS NULL,
+		// and only this one sets an answer, with its completed_at: no
+		// CHECK constraint is needed to keep the two NULL together
+		// (migration 0004 dropped them). TestPlansUseThePrimaryKey pins the
+		// plans of the writes on the primary key.
 		complete: r.Replace(`
 UPDATE {t} SET
 	response_status  = $4,
@@ -115,13 +116,13 @@ UPDATE {t} SET
 	completed_at     = now(),
 	reconcile_after  = NULL
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND completed_at IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
+	AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`),
 
 		// $1 scope, $2 key, $3 owner, $4 retention.
 		release: r.Replace(`
 DELETE FROM {t}
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND completed_at IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'`),
+	AND response_status IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'`),
 
 		// $1 scope, $2 key, $3 retention. Run only after an update or delete
 		// matched no row, to tell why.

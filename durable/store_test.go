@@ -2,9 +2,11 @@ package durable_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -472,6 +474,62 @@ func TestInvalidText(t *testing.T) {
 		require.ErrorIs(t, call("user-1", "key\x00"), durable.ErrInvalid, name)
 		require.ErrorIs(t, call("user\x00", "key"), durable.ErrInvalid, name)
 	}
+}
+
+// TestForeignRows: the table has no CHECK constraints (migration 0004), so
+// a writer other than the store could leave rows they would have refused.
+// The store never turns one into a decision or an overwrite: a fingerprint
+// or owner of the wrong length is an error, and "answered" is read from
+// response_status alone.
+func TestForeignRows(t *testing.T) {
+	b := setup(t, nil)
+	insert := func(key, hash, owner string, status *int, completed bool) {
+		t.Helper()
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO `+b.store.Table()+`
+(user_id, key, request_hash, owner_token, response_status, completed_at)
+VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THEN now() END)`,
+			key, hash, owner, status, completed)
+		require.NoError(t, err)
+	}
+	hash32, owner16 := strings.Repeat("ab", 32), strings.Repeat("cd", 16)
+	insert("short-hash", hash32[2:], owner16, nil, false)
+	insert("short-owner", hash32, owner16[2:], nil, false)
+	for _, key := range []string{"short-hash", "short-owner"} {
+		_, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", key, "a"))
+		require.ErrorContains(t, err, "byte", key)
+		require.NotErrorIs(t, err, durable.ErrNotFound, key)
+		require.False(t, claimed, key)
+		_, err = b.store.Get(b.ctx, "user-1", key)
+		require.ErrorContains(t, err, "byte", key)
+	}
+
+	// An answer without completed_at is an answer: replayed, never
+	// overwritten by its owner's Complete.
+	owner, err := hex.DecodeString(owner16)
+	require.NoError(t, err)
+	tok := durable.Token(owner)
+	status := 402
+	insert("answered", hash32, owner16, &status, false)
+	rec, err := b.store.Get(b.ctx, "user-1", "answered")
+	require.NoError(t, err)
+	require.False(t, rec.InProgress())
+	require.Equal(t, 402, rec.Answer.Status)
+	require.ErrorIs(t, b.store.Complete(b.ctx, "user-1", "answered", tok, durable.Answer{Status: 201}), durable.ErrCompleted)
+	require.ErrorIs(t, b.store.Release(b.ctx, "user-1", "answered", tok), durable.ErrCompleted)
+	rec, err = b.store.Get(b.ctx, "user-1", "answered")
+	require.NoError(t, err)
+	require.Equal(t, 402, rec.Answer.Status)
+
+	// A completed_at without an answer is still in progress: its owner
+	// can store the answer.
+	insert("unanswered", hash32, owner16, nil, true)
+	rec, err = b.store.Get(b.ctx, "user-1", "unanswered")
+	require.NoError(t, err)
+	require.True(t, rec.InProgress())
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "unanswered", tok, durable.Answer{Status: 201}))
+	rec, err = b.store.Get(b.ctx, "user-1", "unanswered")
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Answer.Status)
 }
 
 func TestSweep(t *testing.T) {
