@@ -41,11 +41,17 @@ func (c *bounded) start(parent context.Context, d time.Time) {
 }
 
 // end releases the timer, if one was started: the call is over.
-func (c *bounded) end() {
+func (c *bounded) end() { c.endAt(time.Time{}) }
+
+// endAt is end for a caller that has just read the clock for its own needs:
+// now, unless zero, is the time the call returned, and spares end reading
+// the clock again to tell an expired deadline from a call that returned in
+// time.
+func (c *bounded) endAt(now time.Time) {
 	c.mu.Lock()
 	cancel := c.cancel
 	if c.err == nil && cancel == nil {
-		c.err = c.expired()
+		c.err = c.expiredAt(now)
 		if c.err == nil {
 			c.err = context.Canceled
 		}
@@ -63,11 +69,17 @@ func (c *bounded) end() {
 
 // expired is the error of a bounded without a timer: its parent's, or
 // DeadlineExceeded once the deadline has passed. c.mu is held.
-func (c *bounded) expired() error {
+func (c *bounded) expired() error { return c.expiredAt(time.Time{}) }
+
+// expiredAt is expired at now, or, when now is zero, at the clock's time.
+func (c *bounded) expiredAt(now time.Time) error {
 	if err := c.parent.Err(); err != nil {
 		return err
 	}
-	if !time.Now().Before(c.deadline) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	if !now.Before(c.deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil

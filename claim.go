@@ -23,7 +23,8 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release
 	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: x.owner,
 	})
-	x.claimBound.end()
+	now := time.Now()
+	x.claimBound.endAt(now)
 	g.tel.since(ctx, phaseClaim, t0)
 	if err != nil {
 		return g.storeFailed(ctx, req, "claim", err)
@@ -31,6 +32,6 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release
 	if !claimed {
 		return g.decide(ctx, req, rec)
 	}
-	x.createdAt, x.claimed = rec.CreatedAt, time.Now()
+	x.createdAt, x.claimed = rec.CreatedAt, now
 	return x.run(ctx, work)
 }

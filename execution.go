@@ -90,16 +90,18 @@ func (x *execution) run(ctx context.Context, work Work) (Response, Outcome, erro
 		x.parent = context.WithoutCancel(ctx)
 	}
 	x.workBound.start(x, x.claimed.Add(x.g.workTimeout))
-	defer x.workBound.end()
 	returned := false
 	defer func() {
 		if !returned {
 			x.panicked(ctx)
+			x.workBound.end()
 		}
 	}()
 	resp, err := work(&x.workBound)
 	returned = true
-	return x.finish(ctx, resp, err)
+	now := time.Now()
+	x.workBound.endAt(now)
+	return x.finish(ctx, now, resp, err)
 }
 
 // panicked leaves the key in progress: the panic may have come after a side
@@ -115,8 +117,9 @@ func (x *execution) panicked(ctx context.Context) {
 		slog.String("key_hash", keyHash(x.req)))
 }
 
-func (x *execution) finish(ctx context.Context, resp Response, err error) (Response, Outcome, error) {
-	if took := time.Since(x.claimed); took > x.g.workTimeout+overrunGrace {
+// finish records what the work answered; now is the time it returned.
+func (x *execution) finish(ctx context.Context, now time.Time, resp Response, err error) (Response, Outcome, error) {
+	if took := now.Sub(x.claimed); took > x.g.workTimeout+overrunGrace {
 		x.g.tel.add(ctx, evOverrun)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: work ran past its deadline; a reconciler may have acted on its key meanwhile",
 			slog.String("key_hash", keyHash(x.req)), slog.Duration("took", took), slog.Duration("work_timeout", x.g.workTimeout))
@@ -140,7 +143,7 @@ func (x *execution) finish(ctx context.Context, resp Response, err error) (Respo
 		}
 		return resp, OutcomeExecutedPending, err
 	}
-	if werr := x.write(ctx, durable.Answer(resp)); werr != nil {
+	if werr := x.write(ctx, durable.Answer(resp), now); werr != nil {
 		x.g.tel.add(ctx, evPending)
 		return resp, OutcomeExecutedPending, nil
 	}
@@ -206,15 +209,17 @@ func storeRetryPauses() (d time.Duration) {
 // write stores the answer on the claimed row, owner-checked. A write whose
 // reply was lost is retried, and the store reports a retry that finds the
 // same answer already written by the same owner as success. A failure leaves
-// the key in progress; it is logged here.
-func (x *execution) write(ctx context.Context, a durable.Answer) error {
+// the key in progress; it is logged here. now is the time the work returned,
+// from which the first attempt's StoreTimeout counts.
+func (x *execution) write(ctx context.Context, a durable.Answer, now time.Time) error {
 	var err error
 	for i := range storeAttempts {
 		if i > 0 {
 			t := time.NewTimer(storeRetryPause[i-1])
 			<-t.C // the caller's cancellation does not stop the answer being stored
+			now = time.Now()
 		}
-		sctx := x.g.storeContext(ctx)
+		sctx := x.g.storeContextAt(ctx, now)
 		t0 := x.g.tel.start()
 		err = x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
 		x.g.tel.since(ctx, phaseStore, t0)

@@ -425,8 +425,14 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 // that may already have been cancelled: the answer must still be written.
 // It is bounded by StoreTimeout from now; end it when the call returns.
 func (g *Guard) storeContext(ctx context.Context) *bounded {
+	return g.storeContextAt(ctx, time.Now())
+}
+
+// storeContextAt is storeContext for a caller that has just read the clock:
+// the call is bounded by StoreTimeout from now.
+func (g *Guard) storeContextAt(ctx context.Context, now time.Time) *bounded {
 	c := new(bounded)
-	c.start(context.WithoutCancel(ctx), time.Now().Add(g.storeTimeout))
+	c.start(context.WithoutCancel(ctx), now.Add(g.storeTimeout))
 	return c
 }
 
