@@ -15,9 +15,9 @@ import (
 )
 
 // minimalDDL creates the minimal table {t}: what an idempotency key needs
-// and nothing more. No CHECK constraints, no partial index of
-// in-progress rows, no completed_at, no reconcile columns; one index on
-// created_at, which any store that expires keys needs.
+// and nothing more. No CHECK constraints, no partial index, no
+// completed_at, no reconcile columns; one index on created_at, which any
+// store that expires keys needs.
 const minimalDDL = `
 CREATE TABLE {t} (
 	user_id          text,
@@ -70,8 +70,10 @@ func createMinimalTable(ctx context.Context, env *Env) error {
 // execution per key, the answer stored and replayed, a reused key refused)
 // done with the least SQL on the least schema, issued like the ceiling's
 // (raw values, nothing decoded beyond a decision's needs). The ceiling over
-// it is the cost of the store's SQL and schema (expiry takeover in the
-// claim's CTE, CHECKs, the second index, completed_at) against the bare job.
+// it is the cost of the store's SQL and schema (the claim's CTE that returns
+// the live row with its expiry, the answer's owner, expiry and "no answer
+// yet" checks, the reconciler's partial index and columns, completed_at)
+// against the bare job.
 type minimal struct {
 	env     *Env
 	hybrid  bool
