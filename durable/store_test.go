@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -241,6 +242,55 @@ func TestCompleteRetryAfterLostReply(t *testing.T) {
 	rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)
 	require.True(t, rec.Answer.Equal(answer))
+}
+
+// lostTakeoverReplyDB runs the store's statements, but reports the first
+// takeover of an expired row as failed after it has committed: the reply to
+// a committed write is lost.
+type lostTakeoverReplyDB struct {
+	durable.DB
+	lost bool
+}
+
+func (d *lostTakeoverReplyDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if !d.lost && strings.Contains(sql, "reconcile_attempts = 0") {
+		d.lost = true
+		if _, err := d.DB.Exec(ctx, sql, args...); err != nil {
+			return errRow{err}
+		}
+		return errRow{errors.New("read tcp: connection reset by peer")}
+	}
+	return d.DB.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// A key reused after its retention whose takeover commits but whose reply is
+// lost: that Claim fails and wins nothing, and every later Claim finds the
+// new intent's row in progress. The expired answer is never returned again,
+// and the key is never won twice.
+func TestTakeoverLostReply(t *testing.T) {
+	b := setup(t, nil)
+	old := params(t, "user-1", "key-1", "a")
+	b.claim(t, old)
+	require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, durable.Answer{Status: 201, Body: []byte("old order")}))
+	b.age(t, old.Scope, old.Key, "25 hours")
+
+	lossy := b.store.WithDB(&lostTakeoverReplyDB{DB: b.pool})
+	next := params(t, "user-1", "key-1", "a")
+	_, claimed, err := lossy.Claim(b.ctx, next)
+	require.ErrorContains(t, err, "connection reset")
+	require.False(t, claimed)
+
+	retry := params(t, "user-1", "key-1", "a")
+	rec, claimed, err := b.store.Claim(b.ctx, retry)
+	require.NoError(t, err)
+	require.False(t, claimed, "the committed takeover holds the key")
+	require.True(t, rec.InProgress(), "not the expired answer")
+	require.Equal(t, next.Owner, rec.Owner, "owned by the request whose reply was lost")
+	require.Equal(t, 1, b.count(t))
 }
 
 func TestAnswerEqual(t *testing.T) {
