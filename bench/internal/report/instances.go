@@ -74,24 +74,15 @@ func (r *Report) InstanceSeries(scenario, strategy string, instances int) []Inst
 
 // InstanceCounts returns the instance counts present, ascending.
 func (r *Report) InstanceCounts() []int {
-	var out []int
-	for _, row := range r.Instances {
-		if !slices.Contains(out, row.Instances) {
-			out = append(out, row.Instances)
-		}
-	}
+	out := distinct(r.Instances, func(row InstanceRow) int { return row.Instances })
 	slices.Sort(out)
 	return out
 }
 
+// instanceScenarios returns the scenarios of the many-instance ladders, in
+// order of first appearance.
 func (r *Report) instanceScenarios() []string {
-	var out []string
-	for _, row := range r.Instances {
-		if !slices.Contains(out, row.Scenario) {
-			out = append(out, row.Scenario)
-		}
-	}
-	return out
+	return distinct(r.Instances, func(row InstanceRow) string { return row.Scenario })
 }
 
 // Scaling sums up one ladder of the many-instance run.

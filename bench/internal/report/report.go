@@ -106,10 +106,16 @@ type Report struct {
 
 // Scenarios returns the scenarios present, in order of first appearance.
 func (r *Report) Scenarios() []string {
-	var out []string
-	for _, row := range r.Rows {
-		if !slices.Contains(out, row.Scenario) {
-			out = append(out, row.Scenario)
+	return distinct(r.Rows, func(row Row) string { return row.Scenario })
+}
+
+// distinct returns the keys of rows, each once, in order of first
+// appearance.
+func distinct[R any, K comparable](rows []R, key func(R) K) []K {
+	var out []K
+	for _, row := range rows {
+		if k := key(row); !slices.Contains(out, k) {
+			out = append(out, k)
 		}
 	}
 	return out
