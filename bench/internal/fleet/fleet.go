@@ -152,8 +152,12 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	}
 }
 
-// PIDs returns the workers' process ids.
+// PIDs returns the workers' process ids (none for a nil Fleet, which
+// Meter.Read accepts when the targets run in process).
 func (f *Fleet) PIDs() []int {
+	if f == nil {
+		return nil
+	}
 	out := make([]int, len(f.workers))
 	for i, w := range f.workers {
 		out[i] = w.cmd.Process.Pid
