@@ -37,6 +37,7 @@ import (
 	"github.com/idemguard/idem/bench/internal/crossover"
 	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
+	"github.com/idemguard/idem/bench/internal/httpcmp"
 	"github.com/idemguard/idem/bench/internal/load"
 	"github.com/idemguard/idem/bench/internal/plan"
 	"github.com/idemguard/idem/bench/internal/report"
@@ -72,6 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return bigtable.Command(ctx, args[1:], stdout, stderr)
 		case "crossover": // the retry-share and distance sweep: go run ./bench crossover -h
 			return crossover.Command(ctx, args[1:], stdout, stderr)
+		case "http": // the whole request over HTTP against the minimal SQL: go run ./bench http -h
+			return httpcmp.Command(ctx, args[1:], stdout, stderr)
 		case "delayproxy": // run by crossover as its delay proxy
 			return delayproxy.Command(args[1:], os.Stdin, stdout, stderr)
 		}
