@@ -269,13 +269,32 @@ func runOne(ctx context.Context, env *target.Env, f *fleet.Fleet, impl, scenario
 	}
 	var keys []int64
 	if scenario == Replay {
-		for range replayKeys {
-			k := seq.Add(1)
-			kk, scope := key(k)
-			if out, err := f.Post(ctx, 0, kk, scope); err != nil || out != idem.OutcomeExecuted.String() {
-				return r, fmt.Errorf("%s: preparing a replay: %s %v", impl, out, err)
-			}
-			keys = append(keys, k)
+		// Answered by as many callers as the run has, so that preparing
+		// costs about what it would at that concurrency.
+		keys = make([]int64, replayKeys)
+		for i := range keys {
+			keys[i] = seq.Add(1)
+		}
+		var (
+			next    atomic.Int64
+			prepErr error
+			once    sync.Once
+			wg      sync.WaitGroup
+		)
+		for range conc {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
+					kk, scope := key(keys[i])
+					if out, err := f.Post(ctx, 0, kk, scope); err != nil || out != idem.OutcomeExecuted.String() {
+						once.Do(func() { prepErr = fmt.Errorf("%s: preparing a replay: %s %v", impl, out, err) })
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if prepErr != nil {
+			return r, prepErr
 		}
 	}
 	w0, err := settledWALSyncs(ctx, env, f)
