@@ -36,6 +36,9 @@ type Config struct {
 	// value is passed on, so Binary may be a bench built before the flag
 	// existed.
 	Impl string
+	// SyncAnswers makes the guard's store write answers synchronously
+	// (durable.Config.SynchronousAnswers); passed on only when set.
+	SyncAnswers bool
 	// PoolSize is each worker's pgx pool size (MaxConns); RedisPoolSize
 	// each worker's go-redis pool size, 0 for go-redis' default.
 	PoolSize, RedisPoolSize int
@@ -113,6 +116,9 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	}
 	if cfg.Impl != "" && cfg.Impl != "guard" {
 		args = append(args, "-impl", cfg.Impl)
+	}
+	if cfg.SyncAnswers {
+		args = append(args, "-sync-answers")
 	}
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)

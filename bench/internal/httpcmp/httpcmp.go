@@ -38,6 +38,9 @@ const (
 	Minimal = "minimal" // target.MinimalHandler, this build
 	Guard   = "guard"   // the guard's middleware, this build
 	Before  = "before"  // the guard's middleware, the -baseline build
+	// GuardSync is this build's guard with durable.Config.SynchronousAnswers:
+	// both of a first execution's commits wait for their flush.
+	GuardSync = "guard-sync"
 )
 
 // Scenarios.
@@ -159,10 +162,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 		return nil, err
 	}
 	defer env.Close(context.WithoutCancel(ctx))
-	impls := []string{Minimal, Guard}
-	if cfg.baseline != "" {
-		impls = append(impls, Before)
-	}
+	impls := implementations(cfg)
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -184,6 +184,8 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 				switch impl {
 				case Minimal:
 					fc.Impl = target.Minimal
+				case GuardSync:
+					fc.SyncAnswers = true
 				case Before:
 					fc.Binary = cfg.baseline
 				}
@@ -244,6 +246,17 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 		conn.Release()
 	}
 	return walSyncs(ctx, env)
+}
+
+// implementations are what a run compares: the minimal SQL, this build's
+// guard with the asynchronous and the synchronous answer write, and the
+// baseline's guard when there is one.
+func implementations(cfg config) []string {
+	impls := []string{Minimal, Guard, GuardSync}
+	if cfg.baseline != "" {
+		impls = append(impls, Before)
+	}
+	return impls
 }
 
 func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
@@ -411,11 +424,8 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
 		cfg.rounds, cfg.run, cfg.replayKeys)
-	impls := []string{Minimal, Guard}
-	if cfg.baseline != "" {
-		impls = append(impls, Before)
-	}
-	pairs := [][2]string{{Guard, Minimal}}
+	impls := implementations(cfg)
+	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardSync}}
 	if cfg.baseline != "" {
 		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
 	}
@@ -449,18 +459,22 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s |", impl)
 	}
+	flushPairs := [][2]string{{Guard, GuardSync}}
 	if cfg.baseline != "" {
-		fmt.Fprintf(w, " guard ÷ before |")
+		flushPairs = append(flushPairs, [2]string{Guard, Before})
 	}
-	fmt.Fprintf(w, "\n|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), map[bool]string{true: "---|", false: ""}[cfg.baseline != ""])
+	for _, p := range flushPairs {
+		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
+	}
+	fmt.Fprintf(w, "\n|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(flushPairs)))
 	for _, st := range cfg.strategies {
 		for _, conc := range cfg.callers {
 			fmt.Fprintf(w, "| %s | %d |", st, conc)
 			for _, impl := range impls {
 				fmt.Fprintf(w, " %.3f |", medianOf(runs, st, Unique, impl, conc, Run.FlushesPerExecution))
 			}
-			if cfg.baseline != "" {
-				if x, ok := ratios(runs, st, Unique, conc, Guard, Before, Run.FlushesPerExecution); ok {
+			for _, p := range flushPairs {
+				if x, ok := ratios(runs, st, Unique, conc, p[0], p[1], Run.FlushesPerExecution); ok {
 					fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
 				} else {
 					fmt.Fprintf(w, " - |")
