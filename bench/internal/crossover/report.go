@@ -31,6 +31,7 @@ type Point struct {
 	P99        time.Duration
 	// Over all rounds' requests.
 	StatementsPerRequest, PGMicros, ProxyMicros, RedisPerRequest float64
+	GuardMicros, RedisMicros                                     float64
 	Outcomes                                                     map[string]int64
 	Errors                                                       int64
 }
@@ -54,7 +55,7 @@ func (r *Result) Points() []Point {
 				var tps []float64
 				var p99s []time.Duration
 				var req, stmts, cmds int64
-				var pg, px float64
+				var pg, px, app, rds float64
 				for _, c := range r.Cells {
 					if c.Distance != d || c.Share != s || c.Strategy != st {
 						continue
@@ -68,6 +69,8 @@ func (r *Result) Points() []Point {
 					cmds += c.RedisCommands
 					pg += c.PGCPU
 					px += c.ProxyCPU
+					app += c.GuardCPU
+					rds += c.RedisCPU
 					p.Errors += c.Errors
 					for k, v := range c.Outcomes {
 						p.Outcomes[k] += v
@@ -84,6 +87,8 @@ func (r *Result) Points() []Point {
 					p.RedisPerRequest = float64(cmds) / float64(req)
 					p.PGMicros = 1e6 * pg / float64(req)
 					p.ProxyMicros = 1e6 * px / float64(req)
+					p.GuardMicros = 1e6 * app / float64(req)
+					p.RedisMicros = 1e6 * rds / float64(req)
 				}
 				out = append(out, p)
 			}
@@ -267,14 +272,14 @@ func (r *Result) writeCSV(path string) error {
 	w := csv.NewWriter(f)
 	_ = w.Write([]string{"distance_us", "measured_rtt_us", "retry_share", "strategy", "round", "requests", "errors",
 		"elapsed_s", "throughput", "p50_us", "p99_us", "pg_statements", "redis_commands", "pg_cpu_s", "proxy_cpu_s",
-		"machine_cores", "executed", "replayed", "in_progress", "key_reused", "first_error"})
+		"machine_cores", "guard_cpu_s", "redis_cpu_s", "executed", "replayed", "in_progress", "key_reused", "first_error"})
 	for _, c := range r.Cells {
 		_ = w.Write([]string{
 			strconv.FormatInt(c.Distance.Microseconds(), 10), strconv.FormatInt(c.MeasuredRTT.Microseconds(), 10),
 			ff(c.Share, 2), c.Strategy, strconv.Itoa(c.Round), strconv.FormatInt(c.Requests, 10), strconv.FormatInt(c.Errors, 10),
 			ff(c.Elapsed.Seconds(), 3), ff(c.Throughput(), 1), strconv.FormatInt(c.P50.Microseconds(), 10),
 			strconv.FormatInt(c.P99.Microseconds(), 10), strconv.FormatInt(c.PGStatements, 10), strconv.FormatInt(c.RedisCommands, 10),
-			ff(c.PGCPU, 3), ff(c.ProxyCPU, 3), ff(c.MachineCores, 2),
+			ff(c.PGCPU, 3), ff(c.ProxyCPU, 3), ff(c.MachineCores, 2), ff(c.GuardCPU, 3), ff(c.RedisCPU, 3),
 			strconv.FormatInt(c.Outcomes["executed"], 10), strconv.FormatInt(c.Outcomes["replayed"], 10),
 			strconv.FormatInt(c.Outcomes["in_progress"], 10), strconv.FormatInt(c.Outcomes["key_reused"], 10), c.FirstErr,
 		})
@@ -344,13 +349,14 @@ func (r *Result) markdown(w io.Writer, command string) {
 	}
 	fmt.Fprintf(w, "\n## Each strategy\n\nMedians over the rounds for throughput and p99; per request over all rounds for the rest. "+
 		"PostgreSQL CPU is its backends serving the bench plus its background processes (WAL writer, checkpointer), from /proc; "+
+		"guard CPU is the bench process (the guard, its pgx and go-redis clients and the load driver); Redis CPU is INFO cpu; "+
 		"proxy CPU is the delay proxy's process. Statements are counted on the client.\n\n")
-	fmt.Fprintf(w, "| distance (SELECT 1 RTT) | retries | strategy | req/s | p99 | pg stmts/req | pg CPU µs/req | proxy CPU µs/req | Redis cmds/req | executed / replayed / 409 / 422 | errors |\n")
-	fmt.Fprintf(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
+	fmt.Fprintf(w, "| distance (SELECT 1 RTT) | retries | strategy | req/s | p99 | pg stmts/req | CPU µs/req: pg / guard / Redis / proxy | Redis cmds/req | executed / replayed / 409 / 422 | errors |\n")
+	fmt.Fprintf(w, "|---|---:|---|---:|---:|---:|---|---:|---|---:|\n")
 	for _, p := range r.Points() {
-		fmt.Fprintf(w, "| %s (%v) | %.0f%% | %s | %.0f | %v | %.2f | %.0f | %.0f | %.2f | %d / %d / %d / %d | %d |\n",
+		fmt.Fprintf(w, "| %s (%v) | %.0f%% | %s | %.0f | %v | %.2f | %.0f / %.0f / %.0f / %.0f | %.2f | %d / %d / %d / %d | %d |\n",
 			distLabel(p.Distance), p.MeasuredRTT.Round(time.Microsecond), 100*p.Share, p.Strategy, p.Throughput,
-			p.P99.Round(10*time.Microsecond), p.StatementsPerRequest, p.PGMicros, p.ProxyMicros, p.RedisPerRequest,
+			p.P99.Round(10*time.Microsecond), p.StatementsPerRequest, p.PGMicros, p.GuardMicros, p.RedisMicros, p.ProxyMicros, p.RedisPerRequest,
 			p.Outcomes["executed"], p.Outcomes["replayed"], p.Outcomes["in_progress"], p.Outcomes["key_reused"], p.Errors)
 	}
 	fmt.Fprintf(w, "\nEvery run is in [%s](%s).\n", CSVFile, CSVFile)

@@ -71,8 +71,11 @@ type Cell struct {
 	PGStatements     int64
 	RedisCommands    int64
 	PGCPU, ProxyCPU  float64 // CPU seconds during the run
-	MachineCores     float64 // machine-wide busy cores during the run
-	FirstErr         string
+	// GuardCPU is the bench process's (the guard and the load driver),
+	// RedisCPU the Redis server's, in CPU seconds during the run.
+	GuardCPU, RedisCPU float64
+	MachineCores       float64 // machine-wide busy cores during the run
+	FirstErr           string
 }
 
 // Throughput is requests answered without error per second.
@@ -96,6 +99,13 @@ func (c Cell) StatementsPerRequest() float64 { return c.per(float64(c.PGStatemen
 // PGMicrosPerRequest is PostgreSQL's CPU per request in µs (its backends
 // for the bench and its background processes).
 func (c Cell) PGMicrosPerRequest() float64 { return c.per(1e6 * c.PGCPU) }
+
+// GuardMicrosPerRequest is the bench process's CPU per request in µs: the
+// guard, its clients and the load driver.
+func (c Cell) GuardMicrosPerRequest() float64 { return c.per(1e6 * c.GuardCPU) }
+
+// RedisMicrosPerRequest is the Redis server's CPU per request in µs.
+func (c Cell) RedisMicrosPerRequest() float64 { return c.per(1e6 * c.RedisCPU) }
 
 // ProxyMicrosPerRequest is the delay proxy's CPU per request in µs.
 func (c Cell) ProxyMicrosPerRequest() float64 { return c.per(1e6 * c.ProxyCPU) }
@@ -176,8 +186,8 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 		}
 	}
 	fmt.Fprintf(cfg.Progress, "distance +%v: SELECT 1 round trip %v (median of 200)\n", d, rtt.Round(time.Microsecond))
-	fmt.Fprintf(cfg.Progress, "%-9s %5s %5s %-7s %8s %9s %9s %7s %8s %8s %7s %6s\n",
-		"distance", "round", "retry", "strategy", "req/s", "p50", "p99", "pg st/r", "pg µs/r", "px µs/r", "cores", "err")
+	fmt.Fprintf(cfg.Progress, "%-9s %5s %5s %-7s %8s %9s %9s %7s %8s %8s %8s %8s %6s %6s\n",
+		"distance", "round", "retry", "strategy", "req/s", "p50", "p99", "pg st/r", "pg µs/r", "app µs/r", "rds µs/r", "px µs/r", "cores", "err")
 	for round := range cfg.Rounds {
 		shares := slices.Clone(cfg.Shares)
 		if round%2 == 1 {
@@ -195,9 +205,10 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 				}
 				c.Distance, c.MeasuredRTT, c.Share, c.Strategy, c.Round = d, rtt, share, s, round+1
 				res.Cells = append(res.Cells, c)
-				fmt.Fprintf(cfg.Progress, "%-9s %5d %4.0f%% %-7s %8.0f %9v %9v %7.2f %8.0f %8.0f %7.2f %6d\n",
-					"+"+d.String(), c.Round, 100*share, s, c.Throughput(), c.P50, c.P99,
-					c.StatementsPerRequest(), c.PGMicrosPerRequest(), c.ProxyMicrosPerRequest(), c.MachineCores, c.Errors)
+				fmt.Fprintf(cfg.Progress, "%-9s %5d %4.0f%% %-7s %8.0f %9v %9v %7.2f %8.0f %8.0f %8.0f %8.0f %6.2f %6d\n",
+					"+"+d.String(), c.Round, 100*share, s, c.Throughput(), c.P50.Round(10*time.Microsecond), c.P99.Round(10*time.Microsecond),
+					c.StatementsPerRequest(), c.PGMicrosPerRequest(), c.GuardMicrosPerRequest(), c.RedisMicrosPerRequest(),
+					c.ProxyMicrosPerRequest(), c.MachineCores, c.Errors)
 			}
 		}
 	}
@@ -294,6 +305,7 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 	u := fleet.Between(cpu0, cpu1)
 	secs := cpu1At(cpu0, cpu1, c.Elapsed)
 	c.PGCPU = u.Postgres * secs
+	c.GuardCPU, c.RedisCPU = u.Driver*secs, u.Redis*secs
 	c.MachineCores = u.Machine
 	c.ProxyCPU = proxyCPU(proxy) - proxy0
 	c.Requests, c.Errors = requests.Load(), errs.Load()
