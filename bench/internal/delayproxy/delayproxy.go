@@ -142,7 +142,7 @@ func (p *Proxy) line(dst, src net.Conn) {
 		defer close(done)
 		for c := range q {
 			if d := time.Until(c.due); d > 0 {
-				time.Sleep(d)
+				sleep(d)
 			}
 			if _, err := dst.Write(c.b); err != nil {
 				_ = src.Close()
@@ -176,8 +176,8 @@ type Process struct {
 }
 
 // Start runs binary (the bench's own executable) with the arguments
-// "delayproxy -target target -rtt rtt" and waits until it listens on a free
-// port of 127.0.0.1. The child exits when its stdin, held by this process,
+// "delayproxy -target target -rtt rtt", at a raised priority when allowed,
+// and waits until it listens on a free port of 127.0.0.1. The child exits when its stdin, held by this process,
 // closes: on Close, or when this process dies.
 func Start(ctx context.Context, binary, target string, rtt time.Duration) (*Process, error) {
 	cmd := exec.Command(binary, "delayproxy", "-target", target, "-rtt", rtt.String())
@@ -196,6 +196,7 @@ func Start(ctx context.Context, binary, target string, rtt time.Duration) (*Proc
 		return nil, fmt.Errorf("delayproxy: %w", err)
 	}
 	p := &Process{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	_ = raisePriority(cmd.Process.Pid) // best effort: see raisePriority
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
