@@ -338,8 +338,8 @@ func TestLeaseFollowsReleaseAndSettle(t *testing.T) {
 // meets the old answer.
 func TestLeaseCopyNeverOutlivesTheKey(t *testing.T) {
 	r := newLeaseRig(t, "hybrid-miniredis",
-		&idem.Config{WorkTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond},
-		&durable.Config{Retention: 4 * time.Second})
+		&idem.Config{WorkTimeout: 100 * time.Millisecond, StoreTimeout: time.Second},
+		&durable.Config{Retention: 10 * time.Second})
 	rq := req("user-1", newKey(), `{"sku":1}`)
 	var c counter
 	c.resp = created("o-5")
@@ -348,10 +348,10 @@ func TestLeaseCopyNeverOutlivesTheKey(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, out)
 	ttl := r.leaseTTL(t, rq)
 	require.Greater(t, ttl, time.Duration(0))
-	require.LessOrEqual(t, ttl, 4*time.Second, "the copy lives no longer than the key")
+	require.LessOrEqual(t, ttl, 10*time.Second, "the copy lives no longer than the key")
 
 	// The key expires in PostgreSQL; Redis has counted the copy down too.
-	ageRow(t, r.store, rq, 5*time.Second)
+	ageRow(t, r.store, rq, 11*time.Second)
 	r.mr.FastForward(ttl)
 	c.resp = created("o-6")
 	resp, out, err := r.guard.Do(t.Context(), rq, c.work)
