@@ -271,15 +271,19 @@ func TestRaceExactlyOnce(t *testing.T) {
 	})
 }
 
-// raceOneKey sends r through g from 64 goroutines at once, with a work that
-// holds its claim for 20ms, and requires exactly one execution: every other
-// request is told "in progress" or replayed the one answer.
+// raceRequests is how many goroutines raceOneKey sends at once.
+const raceRequests = 64
+
+// raceOneKey sends r through g from raceRequests goroutines at once, with a
+// work that holds its claim for 20ms, and requires exactly one execution:
+// every other request is told "in progress" or replayed the one answer.
 func raceOneKey(t *testing.T, g *idem.Guard, r idem.Request, msgAndArgs ...any) {
 	t.Helper()
-	const n = 64
+	const n = raceRequests
 	var executions atomic.Int32
 	outcomes := make([]idem.Outcome, n)
 	bodies := make([]string, n)
+	errs := make([]error, n) // checked after Wait: require may not run in a goroutine
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range n {
@@ -290,14 +294,16 @@ func raceOneKey(t *testing.T, g *idem.Guard, r idem.Request, msgAndArgs ...any) 
 				time.Sleep(20 * time.Millisecond) // hold the claim while others arrive
 				return created(fmt.Sprint("winner-", i)), nil
 			})
-			if out != idem.OutcomeInProgress {
-				require.NoError(t, err)
-			}
-			outcomes[i], bodies[i] = out, string(resp.Body)
+			outcomes[i], bodies[i], errs[i] = out, string(resp.Body), err
 		})
 	}
 	close(start)
 	wg.Wait()
+	for i, err := range errs {
+		if outcomes[i] != idem.OutcomeInProgress {
+			require.NoError(t, err, "goroutine %d", i)
+		}
+	}
 	require.EqualValues(t, 1, executions.Load(), msgAndArgs...)
 	var executed int
 	var answer string
