@@ -101,7 +101,9 @@ func TestRunChargesQueueingToLatency(t *testing.T) {
 	// The last of 20 arrivals is due at 190ms and starts at about 380ms.
 	require.GreaterOrEqual(t, res.Latency.Max(), 19*work-190*time.Millisecond)
 	require.Greater(t, res.Latency.Quantile(0.99), 8*work)
-	require.Less(t, res.Service.Quantile(0.99), 3*work)
+	// The median, not p99: on a busy machine a few 20ms sleeps take 70ms,
+	// still far from the queueing the latency carries.
+	require.Less(t, res.Service.Quantile(0.5), 3*work)
 	require.Less(t, res.Achieved(), 60.0) // about 50/s: saturated
 	err = Limits{}.Check(res)
 	require.ErrorIs(t, err, ErrSaturated)
