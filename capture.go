@@ -43,6 +43,7 @@ func (rc *recorder) WriteHeader(code int) {
 	}
 	rc.status = code
 	rc.header = captureHeaders(rc.w.Header(), rc.allow)
+	dropUnstorable(rc.w.Header(), rc.allow)
 	rc.w.WriteHeader(code)
 }
 
@@ -95,6 +96,7 @@ func (rc *recorder) result() (Response, error) {
 		// The handler wrote nothing: net/http answers 200 with no body.
 		rc.status = http.StatusOK
 		rc.header = captureHeaders(rc.w.Header(), rc.allow)
+		dropUnstorable(rc.w.Header(), rc.allow)
 		rc.w.WriteHeader(http.StatusOK)
 	}
 	resp := Response{Status: rc.status, Header: rc.header, Body: rc.body.Bytes()}
@@ -104,10 +106,42 @@ func (rc *recorder) result() (Response, error) {
 	return resp, nil
 }
 
-// captureHeaders copies the allowlisted headers, dropping values a client
-// could not have received as sent (CR, LF or NUL inside) and values that are
-// not valid UTF-8 (obs-text such as a Latin-1 ETag), which the store's JSON
-// could not keep byte for byte: a header is replayed as sent or not at all.
+// storable reports whether a header value can be stored and replayed byte
+// for byte: no CR, LF or NUL inside (a client could not have received it as
+// sent), and valid UTF-8 (the store's JSON would turn obs-text such as a
+// Latin-1 ETag into U+FFFD).
+func storable(v string) bool {
+	return !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v)
+}
+
+// dropUnstorable removes from h the values of allowlisted headers that
+// captureHeaders does not store, before the answer is sent: the client gets
+// the headers every replay gets, not a value no replay can give back.
+func dropUnstorable(h http.Header, allow []string) {
+	for _, k := range allow {
+		vs, ok := h[k]
+		if !ok {
+			continue
+		}
+		kept := vs[:0:0]
+		for _, v := range vs {
+			if storable(v) {
+				kept = append(kept, v)
+			}
+		}
+		switch {
+		case len(kept) == len(vs):
+		case len(kept) == 0:
+			delete(h, k)
+		default:
+			h[k] = kept
+		}
+	}
+}
+
+// captureHeaders copies the allowlisted headers, dropping the values that
+// are not storable: a header is replayed as sent or not at all, and
+// dropUnstorable keeps such values from the first client too.
 func captureHeaders(h http.Header, allow []string) http.Header {
 	out := make(http.Header, len(allow))
 	n := 0
@@ -122,7 +156,7 @@ func captureHeaders(h http.Header, allow []string) http.Header {
 		}
 		kept := all[len(all) : len(all) : len(all)+len(vs)]
 		for _, v := range vs {
-			if !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v) {
+			if storable(v) {
 				kept = append(kept, v)
 			}
 		}

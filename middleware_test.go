@@ -521,3 +521,33 @@ func TestMiddlewareRepeatedAuthorization(t *testing.T) {
 	require.Equal(t, http.StatusCreated, post("Bearer alice").status)
 	require.EqualValues(t, 1, h.calls.Load())
 }
+
+// A header value the store cannot keep byte for byte (not UTF-8, such as a
+// Latin-1 ETag, or holding a NUL) is neither stored nor sent: the first
+// client gets exactly the headers every replay gets, and nothing fails.
+func TestMiddlewareUnstorableHeaderValues(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	srv := httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Location", "/orders/caf\u00e9") // valid UTF-8: kept
+		w.Header()["Etag"] = []string{`"caf` + "\xe9" + `"`, `"ok"`}
+		w.Header().Set("Content-Language", "fr\xff")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "created")
+	})))
+	t.Cleanup(srv.Close)
+	first := send(t, srv, call{user: "u", keys: []string{"k"}})
+	replay := send(t, srv, call{user: "u", keys: []string{"k"}})
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, http.StatusCreated, replay.status)
+	require.Equal(t, "true", replay.header.Get(idem.HeaderReplayed))
+	require.EqualValues(t, 1, calls.Load())
+	for _, a := range []answer{first, replay} {
+		require.Equal(t, "/orders/caf\u00e9", a.header.Get("Location"))
+		require.Equal(t, []string{`"ok"`}, a.header.Values("Etag"))
+		require.Empty(t, a.header.Values("Content-Language"))
+		require.Equal(t, "created", string(a.body))
+	}
+}
