@@ -56,27 +56,22 @@ func TestRunIssuesEveryArrivalOnSchedule(t *testing.T) {
 	// other packages' tests. A single arrival can be late by a preemption
 	// or a timer that fires a few ms late, and an open-loop generator then
 	// catches up (the arrivals it owes go out back to back), so lateness
-	// comes in short bursts that do not last. Hence two bounds:
-	//   - maxLate bounds any one arrival. 50ms is 25 arrival intervals:
-	//     far beyond a scheduling hiccup, yet a stall long enough to break
-	//     the schedule outright fails.
+	// comes in short bursts that do not last; on a machine loaded ten
+	// times over its cores one burst passed 50ms. So no arrival is bounded
+	// alone; the median is:
 	//   - medianLate bounds the typical arrival: noise leaves most arrivals
 	//     within a few hundred µs of their slot, whereas a generator whose
 	//     lateness accumulates (e.g. one that sleeps an interval after each
 	//     send instead of until the next slot) is late by half its total
 	//     drift at the median: a drift of 0.15ms per arrival (15ms over
 	//     the step) fails.
-	const (
-		maxLate    = 50 * time.Millisecond
-		medianLate = 5 * time.Millisecond
-	)
+	const medianLate = 5 * time.Millisecond
 	late := make([]time.Duration, 0, 100)
 	for i := range int64(100) {
 		at, ok := seen[i]
 		require.True(t, ok, "arrival %d skipped", i)
 		due := Intended(res.start, rate, i)
 		require.False(t, at.Before(due), "arrival %d early by %v", i, due.Sub(at))
-		require.Less(t, at.Sub(due), maxLate, "arrival %d late", i)
 		late = append(late, at.Sub(due))
 	}
 	slices.Sort(late)
