@@ -76,7 +76,9 @@ func TestRunIssuesEveryArrivalOnSchedule(t *testing.T) {
 	}
 	slices.Sort(late)
 	require.Less(t, late[len(late)/2], medianLate, "median lateness (max %v)", late[len(late)-1])
-	require.InDelta(t, rate, res.Achieved(), 60)
+	// res.Achieved() is not checked: it counts until the last completion,
+	// which a busy machine delays (315/s for 500 under a CPU burner) while
+	// every arrival still went out on its slot.
 	require.Less(t, res.Latency.Quantile(0.5), medianLate)
 }
 
