@@ -309,11 +309,18 @@ func raceOneKey(t *testing.T, g *idem.Guard, r idem.Request, msgAndArgs ...any) 
 	}
 	close(start)
 	wg.Wait()
+	// A request refused at admission (no pool connection free in time: a
+	// 503, nothing ran) is an answer too; the guarantee is about the rest.
+	refused := 0
 	for i, err := range errs {
-		if outcomes[i] != idem.OutcomeInProgress {
+		switch {
+		case outcomes[i] == idem.OutcomeNone && errors.Is(err, idem.ErrUnavailable):
+			refused++
+		case outcomes[i] != idem.OutcomeInProgress:
 			require.NoError(t, err, "goroutine %d", i)
 		}
 	}
+	require.Less(t, refused, n, "every request was refused: nothing raced")
 	require.EqualValues(t, 1, executions.Load(), msgAndArgs...)
 	var executed int
 	var answer string
@@ -323,6 +330,8 @@ func raceOneKey(t *testing.T, g *idem.Guard, r idem.Request, msgAndArgs ...any) 
 			executed++
 			answer = bodies[i]
 		case idem.OutcomeInProgress, idem.OutcomeReplayed:
+		case idem.OutcomeNone:
+			require.ErrorIs(t, errs[i], idem.ErrUnavailable, "goroutine %d", i)
 		default:
 			t.Fatalf("goroutine %d: unexpected outcome %v", i, o)
 		}
@@ -673,8 +682,8 @@ func TestTwoInstancesNeverBothRun(t *testing.T) {
 			require.Equal(t, idem.OutcomeExecuted, out)
 			// An instance without the lease (table, cut off) writes no
 			// copy: the hybrid's lease, read from the running row, says
-			// "running" until its TTL.
-			mr.FastForward(30 * time.Second)
+			// "running" until that state is old enough to be checked.
+			mr.FastForward(6 * time.Second)
 			for _, g := range []*idem.Guard{a, b} {
 				replay, out, err := g.Do(ctx, r, work("again"))
 				require.NoError(t, err)
