@@ -70,7 +70,7 @@ func TestConcurrentRetries(t *testing.T) {
 		wg.Wait()
 
 		var original []byte
-		var executed, replayed, inProgress int
+		var executed, replayed, inProgress, refused int
 		for i, r := range replies {
 			require.NoError(t, errs[i])
 			switch {
@@ -83,13 +83,18 @@ func TestConcurrentRetries(t *testing.T) {
 				inProgress++
 				require.Contains(t, []string{"1", "2"}, r.Header.Get("Retry-After"), "1s and its jitter")
 				require.Equal(t, problemBase+"request-in-progress", r.problemType(t))
+			case r.Status == http.StatusServiceUnavailable:
+				// No connection free in time (64 requests, 8 connections):
+				// refused before anything ran, as overload must be.
+				refused++
+				require.Equal(t, problemBase+"service-unavailable", r.problemType(t))
 			default:
 				t.Fatalf("unexpected answer %d: %s", r.Status, r.Body)
 			}
 		}
-		t.Logf("%d executed, %d replayed, %d in progress", executed, replayed, inProgress)
+		t.Logf("%d executed, %d replayed, %d in progress, %d refused at admission", executed, replayed, inProgress, refused)
 		require.Equal(t, 1, executed, "exactly one request runs")
-		require.Equal(t, n, executed+replayed+inProgress)
+		require.Equal(t, n, executed+replayed+inProgress+refused)
 		for _, r := range replies {
 			if r.Status == http.StatusCreated {
 				require.Equal(t, original, r.Body)

@@ -349,6 +349,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		// Open the pool's connections now: a claim waits only briefly for
+		// a free connection (durable.Config.AdmissionWait), and dialling one
+		// on a busy machine can take longer than that, which would turn
+		// the first requests after the start into 503s.
+		conns := make([]*pgxpool.Conn, 0, cfg.pool.MaxConns)
+		for range cfg.pool.MaxConns {
+			conn, err := pool.Acquire(pctx)
+			if err != nil {
+				break // the connections opened so far are enough to start
+			}
+			conns = append(conns, conn)
+		}
+		for _, conn := range conns {
+			conn.Release()
+		}
 		c.orders, c.payrail = orders, payrail
 		return nil
 	}
