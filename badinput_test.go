@@ -368,6 +368,14 @@ func badSend(t *testing.T, srv *httptest.Server, s step) answer {
 	if s.raw != "" {
 		return sendRaw(t, srv.Listener.Addr().String(), s.raw, s.closeWrite, s.statusOnly)
 	}
+	a, err := badTry(srv, s)
+	require.NoError(t, err)
+	return a
+}
+
+// badTry is badSend for a step without raw bytes, returning the error
+// instead of failing the test: for goroutines, where require must not run.
+func badTry(srv *httptest.Server, s step) (answer, error) {
 	if s.method == "" {
 		s.method = http.MethodPost
 	}
@@ -381,7 +389,9 @@ func badSend(t *testing.T, srv *httptest.Server, s step) answer {
 		body = io.MultiReader(body) // hide the length: chunked
 	}
 	r, err := http.NewRequest(s.method, srv.URL+s.path, body)
-	require.NoError(t, err)
+	if err != nil {
+		return answer{}, err
+	}
 	if s.user != "" {
 		r.Header.Set("Authorization", "Bearer "+s.user)
 	}
@@ -389,11 +399,15 @@ func badSend(t *testing.T, srv *httptest.Server, s step) answer {
 		r.Header.Add(idem.HeaderKey, k)
 	}
 	resp, err := srv.Client().Do(r)
-	require.NoError(t, err)
+	if err != nil {
+		return answer{}, err
+	}
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return answer{resp.StatusCode, resp.Header, got}
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{resp.StatusCode, resp.Header, got}, nil
 }
 
 // sendRaw writes a raw request on a new connection and reads the first
@@ -448,9 +462,14 @@ func TestBadInputScopeCannotForgeInProgress(t *testing.T) {
 			release := sync.OnceFunc(func() { close(h.release) })
 			t.Cleanup(release) // runs first: never leave the handler blocked
 			k := newKey()
-			done := make(chan answer, 1)
+			type sent struct {
+				a   answer
+				err error
+			}
+			done := make(chan sent, 1)
 			go func() {
-				done <- badSend(t, srv, step{user: "bob", keys: []string{k}, path: "/slow"})
+				a, err := badTry(srv, step{user: "bob", keys: []string{k}, path: "/slow"})
+				done <- sent{a, err}
 			}()
 			<-h.started
 			// bob's intent is in progress: bob's retry is 409, alice's and the
@@ -462,7 +481,9 @@ func TestBadInputScopeCannotForgeInProgress(t *testing.T) {
 				require.Empty(t, a.header.Get(idem.HeaderReplayed))
 			}
 			release()
-			require.Equal(t, http.StatusCreated, (<-done).status)
+			first := <-done
+			require.NoError(t, first.err)
+			require.Equal(t, http.StatusCreated, first.a.status)
 			require.EqualValues(t, 7, h.calls.Load())
 			if b.redis != nil {
 				// The lease keys of look-alike intents differ and carry exactly

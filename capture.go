@@ -130,6 +130,7 @@ func (rc *recorder) send(stored Response) {
 		return
 	}
 	status, body := rc.status, rc.body.Bytes()
+	dropUnstorable(rc.w.Header(), rc.allow) // the client gets the headers replays get
 	if stored.Status != 0 {
 		h := rc.w.Header()
 		for k, v := range stored.Header {
@@ -146,10 +147,42 @@ func (rc *recorder) send(stored Response) {
 	}
 }
 
-// captureHeaders copies the allowlisted headers, dropping values a client
-// could not have received as sent (CR, LF or NUL inside) and values that are
-// not valid UTF-8 (obs-text such as a Latin-1 ETag), which the store's JSON
-// could not keep byte for byte: a header is replayed as sent or not at all.
+// storable reports whether a header value can be stored and replayed byte
+// for byte: no CR, LF or NUL inside (a client could not have received it as
+// sent), and valid UTF-8 (the store's JSON would turn obs-text such as a
+// Latin-1 ETag into U+FFFD).
+func storable(v string) bool {
+	return !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v)
+}
+
+// dropUnstorable removes from h the values of allowlisted headers that
+// captureHeaders does not store, before the answer is sent: the client gets
+// the headers every replay gets, not a value no replay can give back.
+func dropUnstorable(h http.Header, allow []string) {
+	for _, k := range allow {
+		vs, ok := h[k]
+		if !ok {
+			continue
+		}
+		kept := vs[:0:0]
+		for _, v := range vs {
+			if storable(v) {
+				kept = append(kept, v)
+			}
+		}
+		switch {
+		case len(kept) == len(vs):
+		case len(kept) == 0:
+			delete(h, k)
+		default:
+			h[k] = kept
+		}
+	}
+}
+
+// captureHeaders copies the allowlisted headers, dropping the values that
+// are not storable: a header is replayed as sent or not at all, and
+// dropUnstorable keeps such values from the first client too.
 func captureHeaders(h http.Header, allow []string) http.Header {
 	out := make(http.Header, len(allow))
 	n := 0
@@ -164,7 +197,7 @@ func captureHeaders(h http.Header, allow []string) http.Header {
 		}
 		kept := all[len(all) : len(all) : len(all)+len(vs)]
 		for _, v := range vs {
-			if !strings.ContainsAny(v, "\r\n\x00") && utf8.ValidString(v) {
+			if storable(v) {
 				kept = append(kept, v)
 			}
 		}

@@ -202,3 +202,140 @@ func dedent(lines []string) []string {
 	}
 	return out
 }
+
+// docPackages are the packages whose names the docs mention as pkg.Name,
+// and their directories.
+var docPackages = map[string]string{
+	"idem": ".", "durable": "durable", "reconcile": "reconcile", "lock": "lock",
+	"idemtest": "idemtest", "grpcidem": "grpcidem", "migrations": "migrations",
+}
+
+// docName matches pkg.Name and pkg.Name.Member in prose and code.
+var docName = regexp.MustCompile(`\b(idem|durable|reconcile|lock|idemtest|grpcidem|migrations)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
+
+// TestDocsNamesExist fails when README.md or a page of docs/ mentions a
+// pkg.Name (idem.Guard, durable.Store.Claim, idem.Config.Lock) that the
+// package does not declare: an exported top-level name, or a method, field
+// or interface method of an exported type.
+func TestDocsNamesExist(t *testing.T) {
+	members := map[string]map[string]bool{} // "pkg.Name" -> member names; the key exists for every name
+	for pkg, dir := range docPackages {
+		for name, ms := range exportedNames(t, dir) {
+			members[pkg+"."+name] = ms
+		}
+	}
+	var pages []string
+	for _, pattern := range []string{"README.md", "docs/*.md", "*/README.md", "examples/*/README.md"} {
+		m, err := filepath.Glob(pattern)
+		require.NoError(t, err)
+		pages = append(pages, m...)
+	}
+	require.NotEmpty(t, pages)
+	checked := 0
+	for _, page := range pages {
+		src, err := os.ReadFile(page)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(src), "\n") {
+			for _, m := range docName.FindAllStringSubmatch(line, -1) {
+				checked++
+				ms, ok := members[m[1]+"."+m[2]]
+				if !ok {
+					t.Errorf("%s:%d: %s.%s is not declared by package %s", page, i+1, m[1], m[2], m[1])
+					continue
+				}
+				if m[3] != "" && !ms[m[3]] {
+					t.Errorf("%s:%d: %s has no method or field %s", page, i+1, m[0], m[3])
+				}
+			}
+		}
+	}
+	t.Logf("%d names checked", checked)
+	require.Greater(t, checked, 100, "the docs name the API as pkg.Name")
+}
+
+// exportedNames returns the exported top-level names declared by the
+// non-test files of dir, each with the exported methods, fields and
+// interface methods of the type it names.
+func exportedNames(t *testing.T, dir string) map[string]map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	require.NoError(t, err)
+	names := map[string]map[string]bool{}
+	add := func(name string) map[string]bool {
+		if names[name] == nil {
+			names[name] = map[string]bool{}
+		}
+		return names[name]
+	}
+	fset := token.NewFileSet()
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					add(d.Name.Name)
+					continue
+				}
+				recv := d.Recv.List[0].Type
+				for {
+					switch x := recv.(type) {
+					case *ast.StarExpr:
+						recv = x.X
+						continue
+					case *ast.IndexExpr:
+						recv = x.X
+						continue
+					}
+					break
+				}
+				if id, ok := recv.(*ast.Ident); ok {
+					add(id.Name)[d.Name.Name] = true
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					switch s := spec.(type) {
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							add(n.Name)
+						}
+					case *ast.TypeSpec:
+						ms := add(s.Name.Name)
+						var fields *ast.FieldList
+						switch x := s.Type.(type) {
+						case *ast.StructType:
+							fields = x.Fields
+						case *ast.InterfaceType:
+							fields = x.Methods
+						}
+						if fields == nil {
+							continue
+						}
+						for _, fld := range fields.List {
+							for _, n := range fld.Names {
+								ms[n.Name] = true
+							}
+							if len(fld.Names) == 0 { // embedded: its name
+								typ := fld.Type
+								if st, ok := typ.(*ast.StarExpr); ok {
+									typ = st.X
+								}
+								switch e := typ.(type) {
+								case *ast.Ident:
+									ms[e.Name] = true
+								case *ast.SelectorExpr:
+									ms[e.Sel.Name] = true
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return names
+}

@@ -31,6 +31,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/faultproxy"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/tempserver"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
@@ -699,6 +700,7 @@ func markSlow(i int, in *intent) {
 // an intent whose lease holder was running when Redis died is refused by
 // its durable row, never run again.
 func TestFaultRedisKilled(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	srv := tempserver.StartRedis(t)
 	pool, dbcfg := sharedPG(t)
 	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg,
@@ -729,6 +731,7 @@ func TestFaultRedisKilled(t *testing.T) {
 // Redis answers slowly (300ms each way, beyond the lock's 500ms timeout),
 // then has its connections reset four times, then stalls.
 func TestFaultRedisSlowAndReset(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	srv := tempserver.StartRedis(t)
 	proxy := faultproxy.Start(t, srv.Addr())
 	pool, dbcfg := sharedPG(t)
@@ -767,6 +770,7 @@ func TestFaultRedisSlowAndReset(t *testing.T) {
 // immediate) and restarts. The guard fails closed (503) and never runs the
 // work unguarded.
 func TestFaultPostgresDown(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pg := tempserver.StartPostgres(t)
 	for _, tc := range []struct{ strategy, fault string }{
 		{"table", "refused"}, {"hybrid", "refused"}, {"table", "crash"}, {"hybrid", "crash"},
@@ -814,6 +818,7 @@ func TestFaultPostgresDown(t *testing.T) {
 // statement_timeout = 400ms. The caller still gets its answer; the key stays
 // in progress until reconciled.
 func TestFaultStatementTimeoutOnStore(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	for _, strategy := range []string{"table", "hybrid"} {
 		t.Run("strategy="+strategy, func(t *testing.T) {
 			pool, dbcfg := sharedPG(t)
@@ -872,6 +877,7 @@ CREATE TRIGGER slow_store BEFORE INSERT OR UPDATE ON `+table+` FOR EACH ROW EXEC
 // This is a lease lost before the work ends (Redis eviction, failover, clock
 // jump, work longer than the TTL).
 func TestFaultLeaseExpiresDuringWork(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pool, dbcfg := sharedPG(t)
 	mr := miniredis.RunT(t)
 	c := testredis.Miniredis(t, mr)
@@ -909,6 +915,7 @@ func TestFaultLeaseExpiresDuringWork(t *testing.T) {
 // still refuses them with 409 while the work runs; it runs once and its
 // answer is stored and replayed.
 func TestFaultWorkOutlivesLease(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pool, dbcfg := sharedPG(t)
 	c := testredis.Client(t)
 	r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: c, prefix: testredis.Prefix(t, c),
@@ -951,6 +958,7 @@ func TestFaultWorkOutlivesLease(t *testing.T) {
 // in progress, retries get 409 until a reconciler settles the key; the work
 // never runs twice.
 func TestFaultCrashBetweenWorkAndStore(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	for _, strategy := range []string{"table", "hybrid"} {
 		t.Run("strategy="+strategy, func(t *testing.T) {
 			pool, dbcfg := sharedPG(t)
@@ -997,6 +1005,7 @@ func TestFaultCrashBetweenWorkAndStore(t *testing.T) {
 // progress, so retries get 409 during the lease and after it, until a
 // reconciler settles the key; the work never runs again.
 func TestFaultHybridLostStoreStaysInProgress(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pool, dbcfg := sharedPG(t)
 	mr := miniredis.RunT(t)
 	var failing atomic.Bool
@@ -1026,6 +1035,7 @@ func TestFaultHybridLostStoreStaysInProgress(t *testing.T) {
 // in flight: a retry that reaches the table instance while the hybrid runs
 // the work loses the claim and gets 409, and the other way round.
 func TestFaultMixedFleet(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pool, dbcfg := sharedPG(t)
 	c := testredis.Client(t)
 	r := newRig(t, rigOpts{strategy: "mixed", pool: pool, dbcfg: dbcfg, redis: c, prefix: testredis.Prefix(t, c),
@@ -1045,6 +1055,7 @@ func TestFaultMixedFleet(t *testing.T) {
 // falls back to the table claim for the intents the first holds leases of,
 // and its claims lose to their rows.
 func TestFaultPartialPartition(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	pool, dbcfg := sharedPG(t)
 	c := testredis.Client(t)
 	proxy := faultproxy.Start(t, testredis.Addr())
@@ -1070,6 +1081,7 @@ func TestFaultPartialPartition(t *testing.T) {
 // claim while the lease holder may still run the work, and the claim refuses
 // it.
 func TestFaultRedisBusy(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load per scenario
 	for _, fault := range []string{"pool-exhausted", "stall-700ms"} {
 		t.Run("fault="+fault, func(t *testing.T) {
 			pool, dbcfg := sharedPG(t)

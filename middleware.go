@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -17,6 +18,11 @@ import (
 // that an authentication middleware stored in r's context). It reports false
 // when r is not authenticated; the middleware then refuses the request and
 // never falls back to a shared namespace.
+//
+// The middleware calls it only for requests with at most one Authorization
+// header field: a request with two is refused with 400
+// (authorization-repeated) first, because a proxy that reads the last field
+// and a ScopeFunc that reads the first would disagree about who the caller is.
 type ScopeFunc func(r *http.Request) (scope string, ok bool)
 
 // Option configures the middleware.
@@ -92,6 +98,11 @@ func WithStoredHeaders(names ...string) Option {
 // RetryHints are the Retry-After values the middleware sends with its 409
 // and 503 problems, rounded up to whole seconds. A zero field takes its
 // default; a negative one sends no Retry-After.
+//
+// Each answer adds a random jitter of whole seconds to its hint, from 0 up to
+// a fifth of the hint (at least 1s), so that the clients refused together do
+// not all return in the same second: a hint h is sent as a value from h to
+// h + max(1s, h/5), never below 1s.
 type RetryHints struct {
 	// InProgress: a request with the key is running now; its answer is
 	// typically a work's duration away. Defaults to 1s.
@@ -111,6 +122,19 @@ const (
 	DefaultRetryPending     = 30 * time.Second
 	DefaultRetryUnavailable = 2 * time.Second
 )
+
+// jitter returns the Retry-After to send for the hint d (RetryHints): d
+// rounded up to whole seconds, at least 1s, plus a random whole number of
+// seconds from 0 to max(1s, d/5). A hint that is not positive stays as it
+// is: no Retry-After.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	secs := int64((d + time.Second - 1) / time.Second)
+	spread := (secs + 4) / 5 // a fifth, rounded up: at least 1
+	return time.Duration(secs+rand.Int64N(spread+1)) * time.Second
+}
 
 func (h RetryHints) withDefaults() RetryHints {
 	def := func(d *time.Duration, v time.Duration) {
@@ -203,8 +227,8 @@ type middleware struct {
 // sent. A retry is answered with the stored status, headers and body, byte
 // for byte, plus "Idempotent-Replayed: true".
 //
-// Refusals are RFC 9457 problems: 400 for a missing or invalid key or an
-// unreadable body, 401 without a caller, 413 for an oversized body, 409 with
+// Refusals are RFC 9457 problems: 400 for a missing or invalid key, a
+// repeated Authorization header or an unreadable body, 401 without a caller, 413 for an oversized body, 409 with
 // Retry-After while in progress (request-in-progress) or pending
 // reconciliation (request-pending), 422 for a reused key, 503 with
 // Retry-After when the store is unavailable (see WithRetryHints). Internal error text goes to the Guard's logger, never to the
@@ -250,11 +274,11 @@ func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int,
 	}
 	switch slug {
 	case ProblemInProgress:
-		p.RetryAfter = m.retry.InProgress
+		p.RetryAfter = jitter(m.retry.InProgress)
 	case ProblemPending:
-		p.RetryAfter = m.retry.Pending
+		p.RetryAfter = jitter(m.retry.Pending)
 	case ProblemServiceUnavailable:
-		p.RetryAfter = m.retry.Unavailable
+		p.RetryAfter = jitter(m.retry.Unavailable)
 	}
 	if status == http.StatusUnauthorized && m.challenge != "" {
 		w.Header().Set("WWW-Authenticate", m.challenge)
@@ -274,6 +298,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 && m.optional {
 		m.next.ServeHTTP(w, r)
+		return
+	}
+	if len(r.Header.Values("Authorization")) > 1 {
+		m.problem(w, r, http.StatusBadRequest, ProblemAuthorizationRepeated,
+			"Send exactly one Authorization header.", nil)
 		return
 	}
 	scope, ok := m.scope(r)
@@ -380,6 +409,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // readBody reads the whole body up to the limit. A non-zero status means the
 // request must be refused.
+//
+// The buffer grows with the bytes that arrive, never from the declared
+// Content-Length alone: a client that sends headers declaring a large body
+// and then nothing holds at most firstBodyBuffer bytes, not the limit.
 func (m *middleware) readBody(r *http.Request) ([]byte, int) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0
@@ -387,14 +420,14 @@ func (m *middleware) readBody(r *http.Request) ([]byte, int) {
 	if r.ContentLength > m.maxBody {
 		return nil, http.StatusRequestEntityTooLarge
 	}
-	size := int64(512)
-	if r.ContentLength > 0 {
-		size = r.ContentLength + 1 // +1: see EOF without growing
+	limit := m.maxBody + 1 // one byte more than allowed: see an oversized body
+	if r.ContentLength >= 0 && r.ContentLength+1 < limit {
+		limit = r.ContentLength + 1 // +1: see EOF without growing
 	}
-	buf := make([]byte, 0, size)
+	var buf []byte
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			buf = growBody(buf, limit)
 		}
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -408,6 +441,28 @@ func (m *middleware) readBody(r *http.Request) ([]byte, int) {
 			return nil, http.StatusBadRequest
 		}
 	}
+}
+
+// firstBodyBuffer is the largest first buffer of a request body: one
+// allocation for a typical checkout body, and all that a client declaring a
+// large body and sending nothing can hold.
+const firstBodyBuffer = 4 << 10
+
+// growBody returns buf with more room: twice its capacity (firstBodyBuffer
+// at first), at most limit, unless buf is already that large; a body longer
+// than it declared (never from net/http) then grows past it and meets the
+// size check.
+func growBody(buf []byte, limit int64) []byte {
+	c := int64(2 * cap(buf))
+	if c < firstBodyBuffer {
+		c = firstBodyBuffer
+	}
+	if c > limit && int64(cap(buf)) < limit {
+		c = limit
+	}
+	grown := make([]byte, len(buf), c)
+	copy(grown, buf)
+	return grown
 }
 
 // bodyReader hands the handler the body that was read, in one allocation.

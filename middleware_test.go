@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,11 +23,25 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/idemtest"
 )
 
 // bearerScope is the tests' authentication: "Authorization: Bearer <user>".
 func bearerScope(r *http.Request) (string, bool) {
 	return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+}
+
+// requireRetryAfter requires one Retry-After of whole seconds within the
+// jitter of hint (whole seconds): from hint to hint + max(1s, hint/5).
+func requireRetryAfter(t *testing.T, h http.Header, hint time.Duration) {
+	t.Helper()
+	v := h.Values("Retry-After")
+	require.Len(t, v, 1)
+	secs, err := strconv.Atoi(v[0])
+	require.NoError(t, err, "Retry-After %q", v[0])
+	base := int(hint / time.Second)
+	require.GreaterOrEqual(t, secs, base, "never below the hint")
+	require.LessOrEqual(t, secs, base+max(1, (base+4)/5), "never past the hint by more than the jitter")
 }
 
 // orderHandler answers like a checkout: 201 with Location, a cookie that
@@ -181,7 +198,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		require.Equal(t, http.StatusGatewayTimeout, send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"}).status)
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
 		require.Equal(t, http.StatusConflict, a.status)
-		require.Equal(t, "1", a.header.Get("Retry-After"))
+		requireRetryAfter(t, a.header, time.Second)
 		require.Equal(t, idem.DefaultProblemBase+idem.ProblemInProgress, a.problem(t).Type)
 
 		// Once no running request can hold it (older than MaxHold), the
@@ -191,7 +208,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		hb.forgetLease(t, "alice", k504) // its 30 s have passed too
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
 		require.Equal(t, http.StatusConflict, a.status)
-		require.Equal(t, "30", a.header.Get("Retry-After"))
+		requireRetryAfter(t, a.header, 30*time.Second)
 		require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)
 
 		require.EqualValues(t, 4, hb.handler.calls.Load())
@@ -204,7 +221,7 @@ func TestMiddlewareRetryHints(t *testing.T) {
 	k := newKey()
 	send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
 	a := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
-	require.Equal(t, "2", a.header.Get("Retry-After"), "rounded up to whole seconds")
+	requireRetryAfter(t, a.header, 2*time.Second) // 1.5s: rounded up to whole seconds
 	_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", k)
 	require.NoError(t, err)
 	a = send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
@@ -390,7 +407,7 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 	a := send(t, srv, call{user: "u", keys: []string{"k"}})
 	require.Equal(t, http.StatusServiceUnavailable, a.status)
 	require.Equal(t, idem.DefaultProblemBase+idem.ProblemServiceUnavailable, a.problem(t).Type)
-	require.Equal(t, "2", a.header.Get("Retry-After"))
+	requireRetryAfter(t, a.header, 2*time.Second)
 	require.NotContains(t, string(a.body), "127.0.0.1")
 	require.NotContains(t, string(a.body), "connect")
 	require.Contains(t, logs.String(), "store unavailable", "the cause goes to the log")
@@ -415,6 +432,126 @@ func TestMiddlewareUnusableScope(t *testing.T) {
 	require.Equal(t, `Bearer realm="checkout"`, a.header.Get("WWW-Authenticate"))
 	require.Equal(t, idem.DefaultProblemBase+idem.ProblemUnauthenticated, a.problem(t).Type)
 	require.Zero(t, h.calls.Load())
+}
+
+// firstRead signals once, on the first Read of the body it wraps: the
+// middleware is then reading the body, its buffer made.
+type firstRead struct {
+	io.ReadCloser
+	once   sync.Once
+	signal chan<- struct{}
+}
+
+func (b *firstRead) Read(p []byte) (int, error) {
+	b.once.Do(func() { b.signal <- struct{}{} })
+	return b.ReadCloser.Read(p)
+}
+
+// 64 connections that declare a 1 MiB body and send only their headers do
+// not pin 64 MiB: the body buffer grows with the bytes that arrive.
+func TestMiddlewareHeaderOnlyRequestsPinNoMemory(t *testing.T) {
+	const conns = 64
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	guarded := g.Middleware(bearerScope)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("the handler ran without a body")
+	}))
+	reading := make(chan struct{}, conns)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = &firstRead{ReadCloser: r.Body, signal: reading}
+		guarded.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range conns {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = fmt.Fprintf(c, "POST /orders HTTP/1.1\r\nHost: example.test\r\nAuthorization: Bearer u\r\n"+
+			"Idempotency-Key: k-%d\r\nContent-Length: %d\r\n\r\n", i, idem.DefaultMaxRequestBody)
+		require.NoError(t, err)
+	}
+	for range conns {
+		<-reading
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap grew by %d KiB for %d header-only requests", grown>>10, conns)
+	require.Less(t, grown, int64(8<<20), "declared 64 MiB must not be allocated")
+}
+
+// A request with two Authorization fields is refused with 400 before the
+// ScopeFunc is asked: a proxy reading the last field and a ScopeFunc
+// reading the first would disagree about who the caller is. One field
+// passes.
+func TestMiddlewareRepeatedAuthorization(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	var scoped atomic.Int32
+	h := &orderHandler{}
+	srv := httptest.NewServer(g.Middleware(func(r *http.Request) (string, bool) {
+		scoped.Add(1)
+		return bearerScope(r)
+	})(h))
+	t.Cleanup(srv.Close)
+	post := func(auth ...string) answer {
+		r, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("a"))
+		require.NoError(t, err)
+		for _, a := range auth {
+			r.Header.Add("Authorization", a)
+		}
+		r.Header.Set(idem.HeaderKey, "k")
+		resp, err := srv.Client().Do(r)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return answer{resp.StatusCode, resp.Header, b}
+	}
+	for _, auth := range [][]string{{"Bearer alice", "Bearer mallory"}, {"Bearer alice", "Bearer alice"}, {"Bearer alice", ""}} {
+		a := post(auth...)
+		require.Equal(t, http.StatusBadRequest, a.status, "%q", auth)
+		require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+		require.Equal(t, idem.DefaultProblemBase+idem.ProblemAuthorizationRepeated, a.problem(t).Type)
+	}
+	require.Zero(t, scoped.Load(), "the ScopeFunc never saw a repeated Authorization")
+	require.Zero(t, h.calls.Load())
+	require.Equal(t, http.StatusCreated, post("Bearer alice").status)
+	require.EqualValues(t, 1, h.calls.Load())
+}
+
+// A header value the store cannot keep byte for byte (not UTF-8, such as a
+// Latin-1 ETag, or holding a NUL) is neither stored nor sent: the first
+// client gets exactly the headers every replay gets, and nothing fails.
+func TestMiddlewareUnstorableHeaderValues(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	srv := httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Location", "/orders/caf\u00e9") // valid UTF-8: kept
+		w.Header()["Etag"] = []string{`"caf` + "\xe9" + `"`, `"ok"`}
+		w.Header().Set("Content-Language", "fr\xff")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "created")
+	})))
+	t.Cleanup(srv.Close)
+	first := send(t, srv, call{user: "u", keys: []string{"k"}})
+	replay := send(t, srv, call{user: "u", keys: []string{"k"}})
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, http.StatusCreated, replay.status)
+	require.Equal(t, "true", replay.header.Get(idem.HeaderReplayed))
+	require.EqualValues(t, 1, calls.Load())
+	for _, a := range []answer{first, replay} {
+		require.Equal(t, "/orders/caf\u00e9", a.header.Get("Location"))
+		require.Equal(t, []string{`"ok"`}, a.header.Values("Etag"))
+		require.Empty(t, a.header.Values("Content-Language"))
+		require.Equal(t, "created", string(a.body))
+	}
 }
 
 // blockedWriter is a client that reads nothing: its writes block until it is

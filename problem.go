@@ -15,15 +15,16 @@ const DefaultProblemBase = "https://github.com/idemguard/idem/blob/main/docs/pro
 // Problem type slugs. A problem's Type is the configured base followed by one
 // of these; they are stable and clients may switch on them.
 const (
-	ProblemKeyMissing         = "idempotency-key-missing" // 400
-	ProblemKeyInvalid         = "idempotency-key-invalid" // 400
-	ProblemKeyReused          = "idempotency-key-reused"  // 422
-	ProblemInProgress         = "request-in-progress"     // 409, Retry-After (RetryHints.InProgress)
-	ProblemPending            = "request-pending"         // 409, Retry-After (RetryHints.Pending)
-	ProblemUnauthenticated    = "unauthenticated"         // 401 (configurable)
-	ProblemBodyTooLarge       = "request-body-too-large"  // 413
-	ProblemBodyInvalid        = "request-body-invalid"    // 400
-	ProblemServiceUnavailable = "service-unavailable"     // 503, Retry-After (RetryHints.Unavailable)
+	ProblemKeyMissing            = "idempotency-key-missing" // 400
+	ProblemKeyInvalid            = "idempotency-key-invalid" // 400
+	ProblemKeyReused             = "idempotency-key-reused"  // 422
+	ProblemInProgress            = "request-in-progress"     // 409, Retry-After (RetryHints.InProgress)
+	ProblemPending               = "request-pending"         // 409, Retry-After (RetryHints.Pending)
+	ProblemUnauthenticated       = "unauthenticated"         // 401 (configurable)
+	ProblemAuthorizationRepeated = "authorization-repeated"  // 400: two Authorization fields
+	ProblemBodyTooLarge          = "request-body-too-large"  // 413
+	ProblemBodyInvalid           = "request-body-invalid"    // 400
+	ProblemServiceUnavailable    = "service-unavailable"     // 503, Retry-After (RetryHints.Unavailable)
 )
 
 // Problem is an RFC 9457 Problem Details object. Only Type, Title, Status and
@@ -69,13 +70,14 @@ func RenderProblem(w http.ResponseWriter, _ *http.Request, p Problem) {
 }
 
 var problemTitles = map[string]string{
-	ProblemKeyMissing:         "Idempotency-Key header required",
-	ProblemKeyInvalid:         "Idempotency-Key header invalid",
-	ProblemKeyReused:          "Idempotency key reused with a different request",
-	ProblemInProgress:         "A request with this idempotency key is in progress",
-	ProblemPending:            "The outcome of this idempotency key's request is not known yet",
-	ProblemUnauthenticated:    "Authentication required",
-	ProblemBodyTooLarge:       "Request body too large",
-	ProblemBodyInvalid:        "Request body could not be read",
-	ProblemServiceUnavailable: "Service temporarily unavailable",
+	ProblemKeyMissing:            "Idempotency-Key header required",
+	ProblemKeyInvalid:            "Idempotency-Key header invalid",
+	ProblemKeyReused:             "Idempotency key reused with a different request",
+	ProblemInProgress:            "A request with this idempotency key is in progress",
+	ProblemPending:               "The outcome of this idempotency key's request is not known yet",
+	ProblemUnauthenticated:       "Authentication required",
+	ProblemAuthorizationRepeated: "Authorization header repeated",
+	ProblemBodyTooLarge:          "Request body too large",
+	ProblemBodyInvalid:           "Request body could not be read",
+	ProblemServiceUnavailable:    "Service temporarily unavailable",
 }

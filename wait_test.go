@@ -17,6 +17,15 @@ import (
 
 func withWait(o *setupOpts) { o.wait = true }
 
+// withSubscribeSignal makes the Guard's Waiter send on subscribed each time
+// a request subscribes, that is, starts to wait: tests open their gate on
+// that signal, not after a sleep that hopes the waiter got there.
+func withSubscribeSignal(subscribed chan struct{}) func(*setupOpts) {
+	return func(o *setupOpts) {
+		o.waiter = func(w idem.Waiter) idem.Waiter { return signalWaiter{w, subscribed} }
+	}
+}
+
 // gate is a Work that blocks until opened, then answers resp.
 type gate struct {
 	started chan struct{}
@@ -40,7 +49,8 @@ func (g *gate) work(ctx context.Context) (idem.Response, error) {
 // announcement, and replays it; the work runs once.
 func TestWaitReplaysTheRunningAnswer(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
-		b := setup(t, strategy, withWait)
+		subscribed := make(chan struct{}, 1)
+		b := setup(t, strategy, withWait, withSubscribeSignal(subscribed))
 		ctx := context.Background()
 		r := req("u", newKey(), "x")
 		g := newGate(created("waited-for"))
@@ -62,7 +72,7 @@ func TestWaitReplaysTheRunningAnswer(t *testing.T) {
 		select {
 		case res := <-done:
 			t.Fatalf("the retry did not wait: %v %v", res.out, res.err)
-		case <-time.After(100 * time.Millisecond):
+		case <-subscribed: // the retry waits
 		}
 		close(g.open)
 		res := <-done
@@ -138,7 +148,8 @@ func TestWaitersAreBounded(t *testing.T) {
 // The running request says nothing happened (429): the waiter, woken by
 // the release, runs the work itself.
 func TestWaiterRunsAReleasedKey(t *testing.T) {
-	b := setup(t, "hybrid-miniredis", withWait)
+	subscribed := make(chan struct{}, 1)
+	b := setup(t, "hybrid-miniredis", withWait, withSubscribeSignal(subscribed))
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	g := newGate(idem.Response{Status: http.StatusTooManyRequests})
@@ -151,7 +162,7 @@ func TestWaiterRunsAReleasedKey(t *testing.T) {
 		_, out, _ := b.guard.Do(ctx, r, w.work, idem.WaitFor(10*time.Second))
 		done <- out
 	}()
-	time.Sleep(50 * time.Millisecond)
+	<-subscribed // the retry waits for the running request
 	close(g.open)
 	wg.Wait()
 	require.Equal(t, idem.OutcomeExecuted, <-done)
@@ -185,7 +196,8 @@ func TestMiddlewareWait(t *testing.T) {
 		once.Do(func() { close(started); <-open })
 		h.ServeHTTP(w, r)
 	})
-	b := setup(t, "table", withWait)
+	subscribed := make(chan struct{}, 1)
+	b := setup(t, "table", withWait, withSubscribeSignal(subscribed))
 	srv := httptest.NewServer(b.guard.Middleware(bearerScope, idem.WithWait(10*time.Second))(slow))
 	t.Cleanup(srv.Close)
 	k := newKey()
@@ -204,7 +216,7 @@ func TestMiddlewareWait(t *testing.T) {
 	go post(firstDone)
 	<-started
 	go post(retryDone)
-	time.Sleep(50 * time.Millisecond)
+	<-subscribed // the retry waits for the running request
 	close(open)
 	first, retry := <-firstDone, <-retryDone
 	require.NotNil(t, first)

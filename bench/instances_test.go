@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemguard/idem/bench/internal/fleet"
 	"github.com/idemguard/idem/bench/internal/report"
+	"github.com/idemguard/idem/internal/heavy"
 )
 
 // TestMain lets the test binary serve as the bench's worker processes, as
@@ -74,6 +75,7 @@ func requireGone(t *testing.T, pids []int) {
 // strategy: both workers answer, every intent of the storm runs once across
 // the two processes, and no worker survives the run.
 func TestInstances(t *testing.T) {
+	heavy.Gate(t) // worker processes
 	args := servers(t)
 	dir := filepath.Join(t.TempDir(), "report")
 	var out, errOut bytes.Buffer
@@ -161,6 +163,7 @@ func (w *cancelAfterInstanceRows) Write(p []byte) (int, error) {
 // TestInstancesInterrupted: Ctrl-C in the middle of a many-instance run stops
 // the workers and still writes the report.
 func TestInstancesInterrupted(t *testing.T) {
+	heavy.Gate(t) // worker processes
 	args := servers(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a safety net only

@@ -14,10 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/internal/heavy"
 )
 
-// planRows is how many rows TestPlansUseThePrimaryKey loads:
-// $IDEM_PLAN_ROWS, or a million.
+// planRows is how many rows TestPlansUseThePrimaryKey loads besides its
+// twenty thousand: $IDEM_PLAN_ROWS, or a million (a heavy test's: see
+// internal/heavy).
 func planRows(t *testing.T) int {
 	if v := os.Getenv("IDEM_PLAN_ROWS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -36,8 +39,13 @@ func planRows(t *testing.T) int {
 // index of in-progress rows instead scanned tens of thousands of its entries
 // per call on such a table.
 func TestPlansUseThePrimaryKey(t *testing.T) {
-	for _, n := range []int{20_000, planRows(t)} {
-		t.Run(fmt.Sprintf("rows=%d", n), func(t *testing.T) { testPlans(t, n) })
+	for i, n := range []int{20_000, planRows(t)} {
+		t.Run(fmt.Sprintf("rows=%d", n), func(t *testing.T) {
+			if i > 0 {
+				heavy.Gate(t)
+			}
+			testPlans(t, n)
+		})
 	}
 }
 

@@ -44,6 +44,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/reconcile"
@@ -123,6 +124,7 @@ func (p *proc) stop(t *testing.T) {
 }
 
 func TestFaultKill9MidWork(t *testing.T) {
+	heavy.Gate(t) // service processes killed and restarted
 	t.Parallel()
 	for _, s := range []struct {
 		name string

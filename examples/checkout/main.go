@@ -31,6 +31,7 @@
 //	                      has performed, and charge calls it has received (replays
 //	                      and refusals included); its state is kept in PostgreSQL
 //	                      (tables payrail_*), shared by instances on one database
+//	GET  /readyz          200 once PostgreSQL has been reached and migrated, else 503
 //
 // payment_method pm_declined answers 402 (stored and replayed); pm_timeout
 // charges but answers 504, which leaves the key in progress: retries get 409
@@ -39,7 +40,10 @@
 //
 // It prints "listening on http://ADDR" to stdout once it accepts connections,
 // logs to stderr, and shuts down gracefully on SIGINT or SIGTERM. Invalid
-// flags exit with status 2.
+// flags exit with status 2, whether or not PostgreSQL is reachable. It starts
+// while PostgreSQL is down: every request then gets 503 with Retry-After and
+// /readyz answers 503, until PostgreSQL is back (tried every second); then it
+// applies the migrations and serves.
 package main
 
 import (
@@ -49,12 +53,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,7 +85,8 @@ const (
 	// shutdownTimeout bounds how long in-flight requests may finish at
 	// shutdown.
 	shutdownTimeout = 15 * time.Second
-	// connectTimeout bounds the start-up checks of PostgreSQL and Redis.
+	// connectTimeout bounds each attempt to reach PostgreSQL and migrate, and
+	// the start-up check of Redis.
 	connectTimeout = 5 * time.Second
 )
 
@@ -203,9 +210,16 @@ func envOr(name, fallback string) string {
 	return fallback
 }
 
-// run is the whole service: it parses args, connects, migrates, serves until
+// run is the whole service: it parses args, builds the guard, serves until
 // ctx ends, then shuts down gracefully. It writes "listening on http://ADDR"
 // to stdout once the listener is bound and logs to stderr.
+//
+// Everything that can refuse the command line is checked before PostgreSQL
+// is contacted, so a bad command line is status 2 whether or not the database
+// is reachable. A database that cannot be reached at start is not fatal: the
+// service listens at once, answers 503 with Retry-After and reports not ready
+// on GET /readyz, and retries every second; once it connects (and has
+// migrated), it serves.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
@@ -213,22 +227,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 
-	// PostgreSQL: the source of truth for every answer.
+	// PostgreSQL: the source of truth for every answer. The pool connects
+	// when first used.
 	pool, err := pgxpool.NewWithConfig(ctx, cfg.pool)
 	if err != nil {
 		return fmt.Errorf("postgres %s: %w", describeDB(cfg.pool), err)
 	}
 	defer pool.Close()
-	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	err = pool.Ping(pctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("postgres %s unreachable: %w", describeDB(cfg.pool), err)
-	}
-	// Safe when several instances start at once: Migrate takes an advisory lock.
-	if err := durable.Migrate(ctx, pool, cfg.storeConfig()); err != nil {
-		return err
-	}
 	store, err := durable.New(pool, cfg.storeConfig())
 	if err != nil {
 		return err
@@ -289,31 +294,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-
-	orders, err := newOrderStore(ctx, pool, cfg.schema)
-	if err != nil {
-		return err
-	}
-	payrail, err := NewPayrail(ctx, pool, cfg.schema, cfg.work)
-	if err != nil {
-		return err
-	}
-	c := &checkout{payrail: payrail, orders: orders, render: renderProblem, log: log}
-
-	ln, err := net.Listen("tcp", cfg.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           accessLog(log, newHandler(guard, c)),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	log.Info("checkout: started",
-		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
-		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl)
+	c := &checkout{render: renderProblem, log: log} // orders and payrail once the database is reached
 
 	// Maintenance, on every instance; each takes a PostgreSQL advisory lock,
 	// so one instance at a time does the work.
@@ -325,16 +306,100 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter, Logger: log,
 	})
 	if err != nil {
+		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return err
+	}
+	svc := &service{next: newHandler(guard, c), render: c.render}
+	srv := &http.Server{
+		Handler:           accessLog(log, svc),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
 	maintCtx, stopMaintenance := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = sweeper.Run(maintCtx) })
-	wg.Go(func() { _ = reconciler.Run(maintCtx) })
 	defer func() {
 		stopMaintenance()
 		wg.Wait()
 	}()
+	// prepare reaches the database and creates what the service needs there;
+	// it is repeated until it succeeds, and is safe when several instances
+	// run it at once (each step takes an advisory lock).
+	prepare := func(ctx context.Context) error {
+		pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil {
+			return fmt.Errorf("postgres %s unreachable: %w", describeDB(cfg.pool), err)
+		}
+		if err := durable.Migrate(pctx, pool, cfg.storeConfig()); err != nil {
+			return err
+		}
+		orders, err := newOrderStore(pctx, pool, cfg.schema)
+		if err != nil {
+			return err
+		}
+		payrail, err := NewPayrail(pctx, pool, cfg.schema, cfg.work)
+		if err != nil {
+			return err
+		}
+		// Open the pool's connections now: a claim waits only briefly for
+		// a free connection (durable.Config.AdmissionWait), and dialling one
+		// on a busy machine can take longer than that, which would turn
+		// the first requests after the start into 503s.
+		conns := make([]*pgxpool.Conn, 0, cfg.pool.MaxConns)
+		for range cfg.pool.MaxConns {
+			conn, err := pool.Acquire(pctx)
+			if err != nil {
+				break // the connections opened so far are enough to start
+			}
+			conns = append(conns, conn)
+		}
+		for _, conn := range conns {
+			conn.Release()
+		}
+		c.orders, c.payrail = orders, payrail
+		return nil
+	}
+	serve := func() {
+		svc.ready.Store(true) // publishes c.orders and c.payrail to the handlers
+		wg.Go(func() { _ = sweeper.Run(maintCtx) })
+		wg.Go(func() { _ = reconciler.Run(maintCtx) })
+	}
+	// A first attempt before listening: with the database up, the service
+	// serves as soon as it says it listens.
+	if err := prepare(ctx); err != nil {
+		log.Warn("checkout: database not ready; answering 503 and retrying every second", "error", err)
+		wg.Go(func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-maintCtx.Done():
+					return
+				case <-tick.C:
+				}
+				if err := prepare(maintCtx); err != nil {
+					log.Debug("checkout: database still not ready", "error", err)
+					continue
+				}
+				serve()
+				log.Info("checkout: database ready; serving")
+				return
+			}
+		})
+	} else {
+		serve()
+	}
+	log.Info("checkout: started",
+		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
+		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl, "ready", svc.ready.Load())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -357,6 +422,42 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// service answers GET /readyz, and every other request once the database
+// has been reached: until then, 503 with Retry-After.
+type service struct {
+	ready  atomic.Bool
+	next   http.Handler
+	render idem.ProblemRenderer
+}
+
+func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ready := s.ready.Load()
+	if r.URL.Path == "/readyz" {
+		w.Header().Set("Cache-Control", "no-store")
+		if !ready {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "not ready: the database has not been reached yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+		return
+	}
+	if !ready {
+		s.render(w, r, idem.Problem{
+			Type:   problemBase + idem.ProblemServiceUnavailable,
+			Title:  "Service temporarily unavailable",
+			Status: http.StatusServiceUnavailable,
+			Detail: "The service is starting: its database is not reachable yet. Retry later with the same Idempotency-Key.",
+			Slug:   idem.ProblemServiceUnavailable,
+			// 2 or 3 s: the instances that start together are not retried
+			// in the same second.
+			RetryAfter: idem.DefaultRetryUnavailable + time.Duration(rand.IntN(2))*time.Second,
+		})
+		return
+	}
+	s.next.ServeHTTP(w, r)
+}
+
 // newHandler returns the service's routes.
 func newHandler(guard *idem.Guard, c *checkout) http.Handler {
 	guarded := guard.Middleware(bearerUser,
@@ -366,7 +467,9 @@ func newHandler(guard *idem.Guard, c *checkout) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", guarded(http.HandlerFunc(c.createOrder)))
 	mux.HandleFunc("GET /orders/{id}", c.getOrder)
-	mux.HandleFunc("GET /payrail/charges", c.payrail.serveCount)
+	mux.HandleFunc("GET /payrail/charges", func(w http.ResponseWriter, r *http.Request) {
+		c.payrail.serveCount(w, r) // c.payrail is set once the database is reached
+	})
 	return mux
 }
 

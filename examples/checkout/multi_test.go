@@ -19,11 +19,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 )
 
 func TestStormAcrossInstances(t *testing.T) {
+	heavy.Gate(t) // four service processes
 	t.Parallel()
 	for _, s := range []struct {
 		name string

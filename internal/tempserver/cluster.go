@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem/internal/heavy"
 )
 
 // ClusterNodeTimeout is the cluster-node-timeout of a RedisCluster: a master
@@ -41,9 +43,11 @@ type RedisCluster struct {
 // and returns once WaitReady succeeds. Every node is killed when tb ends.
 //
 // It needs redis-server 7.0 or newer (for cluster-port) and redis-cli from
-// PATH; without them tb is skipped, or fails under CI=true.
+// PATH; without them tb is skipped, or fails under CI=true. It is a heavy
+// test's (internal/heavy): tb is skipped unless those run.
 func StartRedisCluster(tb testing.TB) *RedisCluster {
 	tb.Helper()
+	heavy.Gate(tb)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		missing(tb, "redis-server", "install it (apt-get install redis-server)")

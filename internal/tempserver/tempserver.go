@@ -26,6 +26,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemguard/idem/internal/heavy"
 )
 
 // missing skips tb, or fails it under CI=true, because a binary is absent.
@@ -203,9 +205,11 @@ type Postgres struct {
 // machine crash) in a temporary directory and starts it with
 // pg_ctl on a free port of 127.0.0.1. The cluster is stopped and deleted when
 // tb ends. The binaries are taken from PATH, else from the newest
-// /usr/lib/postgresql/*/bin.
+// /usr/lib/postgresql/*/bin. It is a heavy test's (internal/heavy): tb is
+// skipped unless those run.
 func StartPostgres(tb testing.TB) *Postgres {
 	tb.Helper()
+	heavy.Gate(tb)
 	initdb, pgCtl := pgBinaries()
 	if initdb == "" || pgCtl == "" {
 		missing(tb, "initdb and pg_ctl", "install PostgreSQL (apt-get install postgresql)")

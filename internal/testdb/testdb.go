@@ -98,7 +98,8 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 // the pool it uses. cfg may be nil; its Schema is replaced by the fresh one.
 //
 // When cfg leaves Partitions at 0, $IDEM_TEST_PARTITIONS (a number) sets it,
-// so that a whole test suite runs on the hash-partitioned layout.
+// so that a whole test suite runs on the hash-partitioned layout. When it
+// leaves AdmissionWait at 0, it is a minute.
 func Store(tb testing.TB, cfg *durable.Config) (*durable.Store, *pgxpool.Pool) {
 	tb.Helper()
 	pool := Pool(tb)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 )
 
@@ -89,6 +90,7 @@ FROM `+table).Scan(&nLive, &nOpen, &nExpired, &nUsers, &minBody, &maxBody, &olde
 // TestRun runs the whole bench at a tiny size and checks the report has
 // every figure.
 func TestRun(t *testing.T) {
+	heavy.Gate(t) // loads and runs the big-table bench
 	pool := testdb.Pool(t)
 	schema := testdb.SchemaName(t, pool)
 	var progress bytes.Buffer
@@ -151,6 +153,7 @@ func TestRun(t *testing.T) {
 // sizes and the statistics are those of the partitions, summed, so they are
 // not zero (a partitioned table has no storage or counters of its own).
 func TestRunPartitioned(t *testing.T) {
+	heavy.Gate(t) // loads and runs the big-table bench
 	pool := testdb.Pool(t)
 	var progress bytes.Buffer
 	rep, err := Run(t.Context(), Config{

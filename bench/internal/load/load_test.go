@@ -56,32 +56,30 @@ func TestRunIssuesEveryArrivalOnSchedule(t *testing.T) {
 	// other packages' tests. A single arrival can be late by a preemption
 	// or a timer that fires a few ms late, and an open-loop generator then
 	// catches up (the arrivals it owes go out back to back), so lateness
-	// comes in short bursts that do not last. Hence two bounds:
-	//   - maxLate bounds any one arrival. 50ms is 25 arrival intervals:
-	//     far beyond a scheduling hiccup, yet a stall long enough to break
-	//     the schedule outright fails.
+	// comes in short bursts that do not last; on a machine loaded ten
+	// times over its cores one burst passed 50ms. So no arrival is bounded
+	// alone; the median is:
 	//   - medianLate bounds the typical arrival: noise leaves most arrivals
-	//     within a few hundred µs of their slot, whereas a generator whose
+	//     within a few hundred µs of their slot (7ms beside a CPU burner on
+	//     a machine loaded ten times over), whereas a generator whose
 	//     lateness accumulates (e.g. one that sleeps an interval after each
 	//     send instead of until the next slot) is late by half its total
-	//     drift at the median: a drift of 0.15ms per arrival (15ms over
-	//     the step) fails.
-	const (
-		maxLate    = 50 * time.Millisecond
-		medianLate = 5 * time.Millisecond
-	)
+	//     drift at the median: a drift of 0.4ms per arrival (40ms over the
+	//     step) fails.
+	const medianLate = 20 * time.Millisecond
 	late := make([]time.Duration, 0, 100)
 	for i := range int64(100) {
 		at, ok := seen[i]
 		require.True(t, ok, "arrival %d skipped", i)
 		due := Intended(res.start, rate, i)
 		require.False(t, at.Before(due), "arrival %d early by %v", i, due.Sub(at))
-		require.Less(t, at.Sub(due), maxLate, "arrival %d late", i)
 		late = append(late, at.Sub(due))
 	}
 	slices.Sort(late)
 	require.Less(t, late[len(late)/2], medianLate, "median lateness (max %v)", late[len(late)-1])
-	require.InDelta(t, rate, res.Achieved(), 60)
+	// res.Achieved() is not checked: it counts until the last completion,
+	// which a busy machine delays (315/s for 500 under a CPU burner) while
+	// every arrival still went out on its slot.
 	require.Less(t, res.Latency.Quantile(0.5), medianLate)
 }
 
@@ -101,7 +99,9 @@ func TestRunChargesQueueingToLatency(t *testing.T) {
 	// The last of 20 arrivals is due at 190ms and starts at about 380ms.
 	require.GreaterOrEqual(t, res.Latency.Max(), 19*work-190*time.Millisecond)
 	require.Greater(t, res.Latency.Quantile(0.99), 8*work)
-	require.Less(t, res.Service.Quantile(0.99), 3*work)
+	// The median, not p99: on a busy machine a few 20ms sleeps take 70ms,
+	// still far from the queueing the latency carries.
+	require.Less(t, res.Service.Quantile(0.5), 3*work)
 	require.Less(t, res.Achieved(), 60.0) // about 50/s: saturated
 	err = Limits{}.Check(res)
 	require.ErrorIs(t, err, ErrSaturated)
