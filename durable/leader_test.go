@@ -230,7 +230,8 @@ func TestLeaderStopsBeforeItsLeaseExpires(t *testing.T) {
 		<-leading
 		proxy.Stall()
 		var refused int
-		for {
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			require.True(t, time.Now().Before(deadline), "B never led")
 			err := bb.Do(b.ctx, func(context.Context) error {
 				lead.enter("B")
 				lead.leave("B")
@@ -243,7 +244,11 @@ func TestLeaderStopsBeforeItsLeaseExpires(t *testing.T) {
 			refused++
 			time.Sleep(tail / 10) // pace the tries; the loop ends on B's success
 		}
-		err = <-done
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("A went on leading")
+		}
 		require.ErrorIs(t, err, durable.ErrLeaseLost)
 		require.Equal(t, []string{"A leads", "A stops", "B leads", "B stops"}, lead.log())
 		require.Positive(t, refused, "B was refused while A's lease was live")
