@@ -105,9 +105,13 @@ func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) err
 		defer close(kept)
 		l.keep(ctx, holder, until, stop, lose)
 	}()
-	err = fn(lctx)
-	close(stop)
-	<-kept
+	func() {
+		defer func() { // also when fn panics
+			close(stop)
+			<-kept
+		}()
+		err = fn(lctx)
+	}()
 	if cause := context.Cause(lctx); errors.Is(cause, ErrLeaseLost) {
 		return cause
 	}
