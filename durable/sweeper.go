@@ -7,16 +7,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemguard/idem/internal/periodic"
 )
-
-// Acquirer hands out a dedicated connection, on which a [Listener] listens.
-// *pgxpool.Pool satisfies it.
-type Acquirer interface {
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
 
 // ErrLocked is returned by [Sweeper.SweepOnce] (and [Leader.Do]) when
 // another instance holds the table's lease of the job: it is sweeping right
