@@ -75,6 +75,12 @@ type Record struct {
 	Answer      *Answer
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while in progress
+	// TTL is how long the row still lived when the statement that
+	// returned it ran, as the database's clock counts it. A caller that
+	// keeps a copy of the row counts it down on its own monotonic clock
+	// from before it sent the statement, never comparing host clocks
+	// with the database's.
+	TTL time.Duration
 }
 
 // InProgress reports whether the row has no answer yet.

@@ -179,7 +179,12 @@ var storeCases = []struct {
 		require.True(t, rec.InProgress())
 		require.False(t, rec.CreatedAt.IsZero())
 		require.True(t, rec.CompletedAt.IsZero())
-		require.Equal(t, rec, x.get(t, p.Scope, p.Key))
+		require.Greater(t, rec.TTL, time.Duration(0), "a new row lives")
+		require.LessOrEqual(t, rec.TTL, x.s.Retention(), "no longer than the retention")
+		again := x.get(t, p.Scope, p.Key)
+		require.LessOrEqual(t, again.TTL, rec.TTL, "a later read finds less life left")
+		again.TTL = rec.TTL
+		require.Equal(t, rec, again)
 	}},
 
 	{"claim/loses to an in-progress row and gets it", func(t *testing.T, x *suite) {

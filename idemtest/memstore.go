@@ -130,12 +130,12 @@ func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Reco
 	now := s.clock()
 	k := memKey{p.Scope, p.Key}
 	if r, ok := s.rows[k]; ok && s.live(r, now) {
-		rec, err := r.record(k)
+		rec, err := s.record(r, k, now)
 		return rec, false, err
 	}
 	r := &memRow{fp: p.Fingerprint, owner: p.Owner, createdAt: now}
 	s.rows[k] = r
-	rec, err := r.record(k)
+	rec, err := s.record(r, k, now)
 	return rec, true, err
 }
 
@@ -150,10 +150,11 @@ func (s *MemStore) Get(_ context.Context, scope, key string) (durable.Record, er
 	defer s.mu.Unlock()
 	k := memKey{scope, key}
 	r, ok := s.rows[k]
-	if !ok || !s.live(r, s.clock()) {
+	now := s.clock()
+	if !ok || !s.live(r, now) {
 		return durable.Record{}, notFound(op)
 	}
-	return r.record(k)
+	return s.record(r, k, now)
 }
 
 // Complete stores a as the answer of the in-progress row that owner claimed,
@@ -268,8 +269,9 @@ func (s *MemStore) inProgress(op string, k memKey, owner durable.Token, now time
 	return r, nil
 }
 
-// record returns a copy of r that shares nothing with the store.
-func (r *memRow) record(k memKey) (durable.Record, error) {
+// record returns a copy of r, read at now, that shares nothing with the
+// store.
+func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, error) {
 	rec := durable.Record{
 		Scope:       k.scope,
 		Key:         k.key,
@@ -277,6 +279,7 @@ func (r *memRow) record(k memKey) (durable.Record, error) {
 		Owner:       r.owner,
 		CreatedAt:   r.createdAt,
 		CompletedAt: r.completedAt,
+		TTL:         r.createdAt.Add(s.retention).Sub(now),
 	}
 	if r.answer != nil {
 		a, err := r.answer.decode()
