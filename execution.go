@@ -175,7 +175,10 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 		if x.g.lock != nil {
 			x.g.copyAnswer(ctx, x.req, rec.Fingerprint, *rec.Answer, x.expires)
 		}
-		return resp, OutcomeExecuted, err
+		// The caller gets the answer its retries get: the stored one, even
+		// when the work returned another (say a 500 after a commit whose
+		// reply was lost).
+		return Response(*rec.Answer), OutcomeExecuted, err
 	case gerr == nil && rec.Owner == x.owner:
 		// The caller's transaction rolled back.
 		if d == dispRelease {

@@ -68,11 +68,13 @@ type Locker interface {
 	// it returns a function that replaces the lease's state and TTL (0
 	// keeps the remaining TTL) or, given a nil state, deletes it, both only
 	// while the lease is still the caller's; when another holder has it, it
-	// returns the state held and a nil function. It returns an error when
-	// the service could not answer in time (the guard then claims without
-	// a lease) or ctx ended. The function reports an error only when it
-	// could not reach the service: a lease no longer held is left alone.
-	TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, replace func(ctx context.Context, state []byte, ttl time.Duration) error, err error)
+	// returns the state held, how long ago that lease was taken (measured
+	// by the lease service's own clock), and a nil function. It returns an
+	// error when the service could not answer in time (the guard then
+	// claims without a lease) or ctx ended. The function reports an error
+	// only when it could not reach the service: a lease no longer held is
+	// left alone.
+	TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(ctx context.Context, state []byte, ttl time.Duration) error, err error)
 	// Set writes state as the lease of (scope, key) for ttl, whoever holds
 	// it.
 	Set(ctx context.Context, scope, key string, state []byte, ttl time.Duration) error

@@ -28,7 +28,7 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 		return g.claimAndRun(ctx, req, work, nil)
 	}
 	start := time.Now()
-	held, lease, err := g.lock.TryLock(ctx, req.Scope, req.Key, encodeLease(leaseClaiming, req.Fingerprint))
+	held, age, lease, err := g.lock.TryLock(ctx, req.Scope, req.Key, encodeLease(leaseClaiming, req.Fingerprint))
 	g.tel.since(ctx, phaseLock, start)
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -42,7 +42,7 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 	}
 	g.redis.ok()
 	if lease == nil {
-		return g.answerFromLease(ctx, req, work, held)
+		return g.answerFromLease(ctx, req, work, held, age)
 	}
 	resp, out, err := g.claimAndRun(ctx, req, work, lease)
 	if out == OutcomeNone {
@@ -53,12 +53,16 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 }
 
 // answerFromLease answers a request that did not get the lease from the
-// state the lease holds, or from the row when the state cannot tell.
-func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, held []byte) (Response, Outcome, error) {
+// state the lease holds, or from the row when the state cannot tell: an
+// unverified state under another fingerprint, an answer too large to copy,
+// or an in-progress state older than staleLease, which may have outlived
+// its answer (a copy lost, a key answered by an instance without Redis).
+func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, held []byte, age time.Duration) (Response, Outcome, error) {
 	st, ok := decodeLease(held)
+	inProgress := st.kind == leaseClaiming || st.kind == leaseRunning || st.kind == leasePending
 	switch {
 	case !ok, st.kind == leaseClaiming && st.fp != req.Fingerprint, st.kind == leaseDone && st.fp == req.Fingerprint:
-		return g.readDecide(ctx, req, work)
+		return g.readDecide(ctx, req, work, false)
 	case st.fp != req.Fingerprint:
 		g.tel.add(ctx, evLeaseAnswered)
 		g.tel.add(ctx, evKeyReused)
@@ -67,6 +71,8 @@ func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, hel
 		g.tel.add(ctx, evLeaseAnswered)
 		g.tel.add(ctx, evReplayed)
 		return st.resp, OutcomeReplayed, nil
+	case inProgress && age > staleLease:
+		return g.readDecide(ctx, req, work, true)
 	}
 	g.tel.add(ctx, evLeaseAnswered)
 	g.tel.add(ctx, evInProgress)
@@ -76,12 +82,20 @@ func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, hel
 	return Response{}, OutcomeInProgress, ErrInProgress
 }
 
+// staleLease is the age past which an in-progress state of the lease is
+// checked against the row before it refuses a request: it bounds how long a
+// lost copy, or a key answered without Redis, is refused with 409 after its
+// answer is known, at the price of one read per retry of a key that runs
+// longer than this.
+const staleLease = 5 * time.Second
+
 // readDecide answers a request from the durable row when the lease cannot.
 // With no row, the lease is a holder's that has not claimed yet, or one left
 // behind by a key released since: the durable claim tells them apart, so this
 // request claims (without a lease) and either runs or, losing to the holder,
-// is told 409.
-func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+// is told 409. refresh puts an answer found in the row into the lease, for a
+// lease whose state was stale.
+func (g *Guard) readDecide(ctx context.Context, req Request, work Work, refresh bool) (Response, Outcome, error) {
 	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
 	t0 := time.Now()
 	rec, err := g.store.Get(sctx, req.Scope, req.Key)
@@ -89,6 +103,9 @@ func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Respons
 	g.tel.since(ctx, phaseRead, t0)
 	switch {
 	case err == nil:
+		if refresh && rec.Answer != nil {
+			g.copyAnswer(ctx, req, rec.Fingerprint, *rec.Answer, t0.Add(rec.TTL))
+		}
 		return g.decide(ctx, req, rec, t0)
 	case errors.Is(err, durable.ErrNotFound):
 		return g.claimAndRun(ctx, req, work, nil)
@@ -157,7 +174,7 @@ func (g *Guard) leaseWrite(ctx context.Context, req Request, op string, write fu
 
 func (g *Guard) redisFailed(ctx context.Context, req Request, op string, err error) {
 	g.redis.fail()
-	g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease service unavailable; requests go to the table claim for a second",
+	g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease service unavailable, falling back to the table claim for a second",
 		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 }
 

@@ -52,7 +52,8 @@ var (
 	// longer owns the key.
 	ErrNotHeld = errors.New("lock: not held")
 	// ErrUnavailable means Redis could not answer (connection refused or
-	// reset, timeout, error reply). The cause is joined to it.
+	// reset, timeout, error reply). The error that wraps it wraps the cause
+	// too.
 	ErrUnavailable = errors.New("lock: redis unavailable")
 )
 
@@ -185,21 +186,32 @@ func (l *Locker) Key(scope, key string) string {
 // key means. When another caller holds the key, Obtain returns the state that
 // caller wrote (nil for a lease written without state) and ErrNotObtained.
 //
-// Errors: ErrNotObtained when the key is held; ErrUnavailable (joined with the
-// cause) when Redis did not answer within the Timeout; the context's own
+// Errors: ErrNotObtained when the key is held; ErrUnavailable (wrapped with
+// the cause) when Redis did not answer within the Timeout; the context's own
 // error when ctx ended first.
 func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*Lease, []byte, error) {
+	lease, held, _, err := l.obtainOrRead(ctx, scope, key, state)
+	return lease, held, err
+}
+
+// obtainOrRead is Obtain that also returns, for a held key, how long ago its
+// lease was taken or last given a TTL of the Locker's (Config.TTL less the
+// remaining TTL; 0 for a value written with a longer TTL by Set).
+func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []byte) (*Lease, []byte, time.Duration, error) {
 	lease := &Lease{locker: l, key: l.Key(scope, key), token: rand.Text()}
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
-	held, err := l.obtain.Run(cctx, l.client, []string{lease.key}, lease.value(state), l.cfg.TTL.Milliseconds()).Text()
+	reply, err := l.obtain.Run(cctx, l.client, []string{lease.key}, lease.value(state), l.cfg.TTL.Milliseconds()).Slice()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return lease, nil, nil
+		return lease, nil, 0, nil
 	case err != nil:
-		return nil, nil, l.wrap(ctx, "obtain", err)
+		return nil, nil, 0, l.wrap(ctx, "obtain", err)
 	}
-	return nil, stateOf(held), ErrNotObtained
+	held, _ := reply[0].(string)
+	pttl, _ := reply[1].(int64)
+	age := max(l.cfg.TTL-time.Duration(pttl)*time.Millisecond, 0)
+	return nil, stateOf(held), age, ErrNotObtained
 }
 
 // tokenLen is the length of an owner token (crypto/rand.Text).
@@ -258,16 +270,17 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 // state and TTL (0 keeps the remaining life) while the caller still holds it,
 // or deletes it when given a nil state; a lease no longer held is left alone,
 // and that is not an error. When another caller holds the key, it returns the
-// state held and a nil function, with a nil error.
-func (l *Locker) TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, replace func(context.Context, []byte, time.Duration) error, err error) {
-	lease, held, err := l.Obtain(ctx, scope, key, state)
+// state held, how long ago that lease was taken (Config.TTL less its remaining
+// TTL), and a nil function, with a nil error.
+func (l *Locker) TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(context.Context, []byte, time.Duration) error, err error) {
+	lease, held, age, err := l.obtainOrRead(ctx, scope, key, state)
 	switch {
 	case errors.Is(err, ErrNotObtained):
-		return held, nil, nil
+		return held, age, nil, nil
 	case err != nil:
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
-	return nil, lease.replaceOrRelease, nil
+	return nil, 0, lease.replaceOrRelease, nil
 }
 
 // replaceOrRelease is Replace, or Release when state is nil, with ErrNotHeld
@@ -297,9 +310,9 @@ func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFu
 // result wraps ctx.Err() and not ErrUnavailable: Redis was not at fault.
 func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("lock: %s: %w", op, errors.Join(cerr, err))
+		return fmt.Errorf("lock: %s: %w: %w", op, cerr, err)
 	}
-	return fmt.Errorf("lock: %s: %w", op, errors.Join(ErrUnavailable, err))
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
 
 // Lease is a held lock. Its methods are safe for concurrent use. A Lease says

@@ -293,16 +293,18 @@ func TestLeaseState(t *testing.T) {
 
 		// TryLock's function replaces while held and deletes on nil.
 		require.NoError(t, again.Release(ctx))
-		held, replace, err := l.TryLock(ctx, "u", "k", []byte("a"))
+		held, _, replace, err := l.TryLock(ctx, "u", "k", []byte("a"))
 		require.NoError(t, err)
 		require.Nil(t, held)
 		require.NotNil(t, replace)
-		held, refused, err := l.TryLock(ctx, "u", "k", []byte("b"))
+		held, age, refused, err := l.TryLock(ctx, "u", "k", []byte("b"))
 		require.NoError(t, err)
 		require.Nil(t, refused)
 		require.Equal(t, []byte("a"), held)
+		require.GreaterOrEqual(t, age, time.Duration(0))
+		require.Less(t, age, 5*time.Second, "the lease was just taken")
 		require.NoError(t, replace(ctx, []byte("c"), time.Minute))
-		held, _, err = l.TryLock(ctx, "u", "k", nil)
+		held, _, _, err = l.TryLock(ctx, "u", "k", nil)
 		require.NoError(t, err)
 		require.Equal(t, []byte("c"), held)
 		require.NoError(t, replace(ctx, []byte("d"), 0), "0 keeps the remaining life")
@@ -311,16 +313,39 @@ func TestLeaseState(t *testing.T) {
 		require.Greater(t, left, 50*time.Second)
 		require.LessOrEqual(t, left, time.Minute)
 		require.NoError(t, replace(ctx, nil, 0))
-		held, replace2, err := l.TryLock(ctx, "u", "k", nil)
+		held, _, replace2, err := l.TryLock(ctx, "u", "k", nil)
 		require.NoError(t, err)
 		require.Nil(t, held)
 		require.NotNil(t, replace2, "a released key is free")
 		require.NoError(t, replace2(ctx, []byte("new holder"), time.Minute))
 		require.NoError(t, replace(ctx, []byte("late"), time.Minute), "a lease no longer held is left alone")
-		held, _, err = l.TryLock(ctx, "u", "k", nil)
+		held, _, _, err = l.TryLock(ctx, "u", "k", nil)
 		require.NoError(t, err)
 		require.Equal(t, []byte("new holder"), held)
 
 		require.Error(t, l.Set(ctx, "u", "k", nil, 0), "a TTL below 1ms is refused")
 	})
+}
+
+// A refused caller learns how long ago the held lease was taken, by Redis's
+// own clock.
+func TestHeldLeaseAge(t *testing.T) {
+	mr := miniredis.RunT(t)
+	l, err := lock.New(testredis.Miniredis(t, mr), nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, _, err = l.Obtain(ctx, "u", "k", []byte("s"))
+	require.NoError(t, err)
+	mr.FastForward(12 * time.Second)
+	held, age, replace, err := l.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Nil(t, replace)
+	require.Equal(t, []byte("s"), held)
+	require.Equal(t, 12*time.Second, age)
+
+	// A value Set for longer than a lease's TTL is not old.
+	require.NoError(t, l.Set(ctx, "u", "k", []byte("copy"), time.Hour))
+	_, age, _, err = l.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Zero(t, age)
 }
