@@ -19,7 +19,7 @@ const (
 	// statement when Config.SweepBatchSize is 0.
 	DefaultSweepBatchSize = 1000
 	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
-	DefaultAdmissionWait = 100 * time.Millisecond
+	DefaultAdmissionWait = time.Second
 )
 
 // maxTableLen leaves room for the longest suffix the migrations append
@@ -88,7 +88,7 @@ type Config struct {
 	// write and the release wait as long as their context allows: their
 	// work has run. Size the pool for the load (docs/configuration.md).
 	//
-	// Defaults to 100ms.
+	// Defaults to 1s.
 	AdmissionWait time.Duration
 
 	// SynchronousAnswers makes every answer write wait for its WAL flush
