@@ -61,8 +61,11 @@ func TestLoadMigrations(t *testing.T) {
 	files, err := loadMigrations(migrations.FS)
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
-	for i, m := range files {
-		require.EqualValues(t, i+1, m.version, "versions are 1, 2, 3, ...")
+	// Applied versions are tracked as a set (idem_migrations), so a gap is
+	// harmless: each missing version is applied when its file arrives.
+	require.EqualValues(t, 1, files[0].version, "versions start at 1")
+	for i := 1; i < len(files); i++ {
+		require.Greater(t, files[i].version, files[i-1].version, "versions increase")
 	}
 
 	bad := map[string]fstest.MapFS{

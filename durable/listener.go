@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // channelOf is the notification channel of a table (quoted, qualified name):
@@ -63,6 +64,12 @@ type Listener struct {
 }
 
 type subscription struct{ ch chan struct{} }
+
+// Acquirer hands out a dedicated connection, on which a [Listener] listens.
+// *pgxpool.Pool satisfies it.
+type Acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
 
 // NewListener starts listening for the announcements of store's table on a
 // connection taken from pool (taken for good: the pool has one connection

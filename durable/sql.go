@@ -176,3 +176,36 @@ WHERE user_id = $1 AND key = $2 AND owner_token = $3
 func withNotify(write string, n int) string {
 	return "WITH w AS (" + write + "\nRETURNING 1\n)\nSELECT pg_notify($" + strconv.Itoa(n) + ", $" + strconv.Itoa(n+1) + ") FROM w"
 }
+
+// leaseStatements are the statements of a [Leader], over the table's lease
+// table (migration 0006), each one autocommit round trip.
+type leaseStatements struct {
+	hold, release string
+}
+
+// newLeaseStatements builds them for the quoted, qualified lease table l.
+func newLeaseStatements(l string) leaseStatements {
+	r := strings.NewReplacer("{l}", l)
+	return leaseStatements{
+		// $1 job, $2 holder, $3 length (microseconds).
+		//
+		// Takes the job's lease when nobody holds it, when its lease has
+		// expired, or when $2 holds it already (a renewal); it returns no
+		// row when another holder's lease is live. Two holders racing for
+		// one lease serialise on its row lock; the second re-checks the
+		// WHERE against the first's row. The statement's now() and the
+		// new expiry are returned, so that the caller counts the lease's
+		// remaining time on the database's clock only.
+		hold: r.Replace(`
+INSERT INTO {l} AS l (job, holder, expires_at)
+VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (job) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at <= now()
+RETURNING now(), l.expires_at`),
+
+		// $1 job, $2 holder. Ends $2's lease now, if it still holds it.
+		release: r.Replace(`
+UPDATE {l} SET expires_at = now()
+WHERE job = $1 AND holder = $2 AND expires_at > now()`),
+	}
+}

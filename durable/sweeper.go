@@ -7,22 +7,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemguard/idem/internal/advisory"
 	"github.com/idemguard/idem/internal/periodic"
 )
 
-// Acquirer hands out a dedicated connection, on which a job holds its
-// PostgreSQL advisory lock. *pgxpool.Pool satisfies it.
-type Acquirer interface {
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
-
-// ErrLocked is returned by [Sweeper.SweepOnce] when another instance holds
-// the sweep lock of the table: it is sweeping right now, so this round is
-// skipped. It is a normal outcome when the sweeper runs on every instance.
-var ErrLocked = errors.New("durable: another instance holds the lock")
+// ErrLocked is returned by [Sweeper.SweepOnce] (and [Leader.Do]) when
+// another instance holds the table's lease of the job: it is sweeping right
+// now, so this round is skipped. It is a normal outcome when the sweeper
+// runs on every instance.
+var ErrLocked = errors.New("durable: another instance holds the lease")
 
 // Defaults of [SweeperConfig].
 const (
@@ -51,21 +43,22 @@ type SweeperConfig struct {
 	// 30s.
 	BatchTimeout time.Duration
 	// Logger receives one line per run: Info when rows were deleted, Debug
-	// when there was nothing to do or another instance held the lock,
+	// when there was nothing to do or another instance held the lease,
 	// Error when the run failed. Defaults to slog.Default().
 	Logger *slog.Logger
 	// OnSweep, when set, is called after every run with the number of rows
 	// it deleted (also when it failed part-way), how long it took and its
 	// error (nil on success; wrapping the context's error when the run was
 	// stopped). It is not called for rounds skipped because another
-	// instance held the lock. It is called from the
+	// instance held the lease. It is called from the
 	// goroutine that runs the sweep and must not block for long. Defaults
 	// to nil.
 	OnSweep func(deleted int64, took time.Duration, err error)
 }
 
 // Sweeper deletes the rows of a [Store] past their retention, periodically
-// and one instance at a time across a fleet, in bounded batches.
+// and one instance at a time across a fleet (the table's "sweep" lease, see
+// [Leader]), in bounded batches.
 //
 // Expired rows are already invisible to every Store call (see
 // Config.Retention): sweeping only reclaims space, so a skipped or failed
@@ -74,27 +67,27 @@ type SweeperConfig struct {
 // A Sweeper is safe for concurrent use; [Sweeper.Run] may be running at most
 // once per Sweeper at a time.
 type Sweeper struct {
-	store *Store
-	pool  Acquirer
-	cfg   SweeperConfig
-	key   int64
-	loop  periodic.Runner
+	store  *Store // bound to db
+	cfg    SweeperConfig
+	leader *Leader
+	loop   periodic.Runner
 }
 
-// NewSweeper returns a Sweeper of store's table that takes its advisory lock
-// on a connection of pool (normally the pool the store runs on). A nil cfg
-// gives every default. Invalid fields are reported by name.
+// NewSweeper returns a Sweeper of store's table that runs its statements,
+// the lease's and the DELETEs, on db: normally the pool the store runs on,
+// directly or through any connection pooler (never a transaction: each
+// statement commits on its own). A nil cfg gives every default. Invalid
+// fields are reported by name.
 //
-// The lock's key is derived from the store's table name as written in its SQL
-// ([Store.Table]): with no Config.Schema, tables of the same name in
-// different schemas of one database share the lock (one of them may skip a
-// round; nothing else).
-func NewSweeper(store *Store, pool Acquirer, cfg *SweeperConfig) (*Sweeper, error) {
+// The lease is renewed every BatchTimeout and lasts four times that: a
+// sweeper that dies mid-run delays the next run on another instance by up
+// to 2m with the defaults.
+func NewSweeper(store *Store, db DB, cfg *SweeperConfig) (*Sweeper, error) {
 	if store == nil {
 		return nil, errors.New("durable: NewSweeper: nil store")
 	}
-	if pool == nil {
-		return nil, errors.New("durable: NewSweeper: nil pool")
+	if db == nil {
+		return nil, errors.New("durable: NewSweeper: nil db")
 	}
 	var c SweeperConfig
 	if cfg != nil {
@@ -123,11 +116,14 @@ func NewSweeper(store *Store, pool Acquirer, cfg *SweeperConfig) (*Sweeper, erro
 	case c.BatchTimeout < 0:
 		return nil, fmt.Errorf("durable: SweeperConfig.BatchTimeout: must be positive, got %v", c.BatchTimeout)
 	}
+	leader, err := NewLeader(db, store.Table(), "sweep", c.BatchTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("durable: NewSweeper: %w", err)
+	}
 	return &Sweeper{
-		store: store,
-		pool:  pool,
-		cfg:   c,
-		key:   advisory.Key("idem:sweep:" + store.Table()),
+		store:  store.WithDB(db),
+		cfg:    c,
+		leader: leader,
 	}, nil
 }
 
@@ -136,8 +132,8 @@ func NewSweeper(store *Store, pool Acquirer, cfg *SweeperConfig) (*Sweeper, erro
 // to OnSweep, and a failed run does not stop Run: the next one comes at the
 // next interval.
 //
-// When ctx ends, the batch in progress (if any) runs to its end, the lock
-// is released, and Run returns nil. It returns an error only when Run is
+// When ctx ends, the batch in progress (if any) runs to its end, the lease
+// is given back, and Run returns nil. It returns an error only when Run is
 // already running on this Sweeper.
 func (sw *Sweeper) Run(ctx context.Context) error {
 	if !sw.loop.Run(ctx, sw.cfg.Interval, func(ctx context.Context) { _, _ = sw.SweepOnce(ctx) }) {
@@ -147,26 +143,25 @@ func (sw *Sweeper) Run(ctx context.Context) error {
 }
 
 // SweepOnce runs one sweep, for tests and for cron-style use: it takes the
-// table's sweep lock and, when it gets it, deletes expired rows in batches of
-// BatchSize (one statement each, on the lock's connection, with BatchPause
-// between them) until a batch deletes fewer than BatchSize rows. It returns
-// how many rows it deleted.
+// table's sweep lease and, when it gets it, deletes expired rows in batches
+// of BatchSize (one statement each, with BatchPause between them) until a
+// batch deletes fewer than BatchSize rows, renewing the lease meanwhile. It
+// returns how many rows it deleted.
 //
-// When another instance holds the lock it returns 0 and an error wrapping
-// [ErrLocked] without deleting anything. When ctx ends it stops after the
-// batch in progress and returns the count so far with an error wrapping ctx's
-// error. The result is logged and, unless the round was skipped, reported to
-// OnSweep.
+// When another instance holds the lease it returns 0 and an error wrapping
+// [ErrLocked] without deleting anything. When ctx ends, or the lease could
+// not be renewed ([ErrLeaseLost]), it stops after the batch in progress and
+// returns the count so far with an error wrapping the cause. The result is
+// logged and, unless the round was skipped, reported to OnSweep.
 func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 	start := time.Now()
 	var deleted int64
-	ran, err := advisory.Do(ctx, sw.pool, sw.key, func(ctx context.Context, conn *pgxpool.Conn) error {
-		s := sw.store.WithDB(conn)
+	err := sw.leader.Do(ctx, func(ctx context.Context) error {
 		for {
 			if err := ctx.Err(); err != nil {
 				return &opError{op: "sweep", err: err}
 			}
-			n, err := sw.batch(ctx, s)
+			n, err := sw.batch(ctx)
 			deleted += n
 			if err != nil {
 				return err
@@ -185,13 +180,10 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 		}
 	})
 	took := time.Since(start)
-	if !ran && err == nil {
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lock",
+	if errors.Is(err, ErrLocked) {
+		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lease",
 			slog.String("table", sw.store.Table()))
 		return 0, &opError{op: "sweep", kind: ErrLocked}
-	}
-	if err != nil && !ran {
-		err = &opError{op: "sweep", err: err}
 	}
 	sw.report(ctx, deleted, took, err)
 	return deleted, err
@@ -199,10 +191,10 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 
 // batch deletes one batch. The statement is not cancelled with ctx: a stop
 // waits for it, bounded by BatchTimeout.
-func (sw *Sweeper) batch(ctx context.Context, s *Store) (int64, error) {
+func (sw *Sweeper) batch(ctx context.Context) (int64, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sw.cfg.BatchTimeout)
 	defer cancel()
-	return s.sweepBatch(bctx, "sweep", sw.cfg.BatchSize)
+	return sw.store.sweepBatch(bctx, "sweep", sw.cfg.BatchSize)
 }
 
 func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration, err error) {

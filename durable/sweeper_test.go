@@ -13,7 +13,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/internal/advisory"
 	"github.com/idemguard/idem/internal/testdb"
 )
 
@@ -93,14 +92,17 @@ func TestSweeperOneInstanceAtATime(t *testing.T) {
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
 	sw, reports := newSweeper(t, b, durable.SweeperConfig{})
 
-	t.Run("skips while another instance holds the lock", func(t *testing.T) {
-		ran, err := advisory.Do(b.ctx, b.pool, advisory.Key("idem:sweep:"+b.store.Table()),
-			func(ctx context.Context, _ *pgxpool.Conn) error {
-				n, err := sw.SweepOnce(ctx)
-				require.ErrorIs(t, err, durable.ErrLocked)
-				require.Zero(t, n)
-				return nil
-			})
+	t.Run("skips while another instance holds the lease", func(t *testing.T) {
+		other, err := durable.NewLeader(b.pool, b.store.Table(), "sweep", time.Minute)
+		require.NoError(t, err)
+		ran := false
+		err = other.Do(b.ctx, func(ctx context.Context) error {
+			ran = true
+			n, err := sw.SweepOnce(ctx)
+			require.ErrorIs(t, err, durable.ErrLocked)
+			require.Zero(t, n)
+			return nil
+		})
 		require.NoError(t, err)
 		require.True(t, ran)
 		require.Equal(t, 100, b.count(t), "nothing deleted")
@@ -168,7 +170,7 @@ func TestSweeperStopsAfterTheCurrentBatch(t *testing.T) {
 	require.ErrorIs(t, r.err, context.Canceled)
 	require.Equal(t, 90, b.count(t))
 
-	// The lock was released: the next run sweeps the rest.
+	// The lease was given back: the next run sweeps the rest.
 	sw, _ = newSweeper(t, b, durable.SweeperConfig{BatchSize: 10, BatchPause: -1})
 	n, err = sw.SweepOnce(b.ctx)
 	require.EqualValues(t, 90, n)

@@ -16,9 +16,9 @@
 //     later, with exponential backoff kept in the database, so that it
 //     survives restarts and changes of the instance that reconciles.
 //
-// A Reconciler works one instance at a time across a fleet (a PostgreSQL
-// advisory lock per table), so it is safe, and intended, to run one on every
-// instance.
+// A Reconciler works one instance at a time across a fleet (a lease per
+// table, see durable.Leader, which works through any connection pooler), so
+// it is safe, and intended, to run one on every instance.
 //
 // A key that changed while the ResolveFunc worked (its request finished, was
 // released, or expired and was claimed anew) is skipped: the decision is
@@ -70,11 +70,8 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/internal/advisory"
 	"github.com/idemguard/idem/internal/periodic"
 )
 
@@ -156,17 +153,18 @@ type Guard interface {
 // columns of migration 0002), and settles or releases them through the
 // Guard.
 type Store interface {
-	// Table is the quoted, qualified table name; the advisory lock is
-	// derived from it.
+	// Table is the quoted, qualified table name; the reconciler's lease
+	// is kept in the lease table beside it (migration 0006).
 	Table() string
 	// Retention is how long a key lives: expired keys are not reconciled.
 	Retention() time.Duration
 }
 
 // ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
-// the table's reconcile lock: it is reconciling right now, and this round is
-// skipped. It is a normal outcome when a Reconciler runs on every instance.
-var ErrLocked = errors.New("reconcile: another instance holds the lock")
+// the table's reconcile lease: it is reconciling right now, and this round
+// is skipped. It is a normal outcome when a Reconciler runs on every
+// instance.
+var ErrLocked = errors.New("reconcile: another instance holds the lease")
 
 // Defaults of [Config].
 const (
@@ -204,16 +202,19 @@ type Config struct {
 	BackoffMax time.Duration
 	// StoreTimeout bounds each store and Guard call. A call that records a
 	// decision already made runs even when the run's ctx is cancelled,
-	// bounded by this timeout. Defaults to 5s.
+	// bounded by this timeout. It also sets the reconcile lease: renewed
+	// every StoreTimeout during a run, for four times StoreTimeout, so a
+	// reconciler that dies mid-run delays the next run on another instance
+	// by up to that (20s by default). Defaults to 5s.
 	StoreTimeout time.Duration
 	// Logger receives one line per action on a key (keys appear only as a
 	// short hash, key_hash, the same as the Guard's) and one per run that
 	// did something. Defaults to slog.Default().
 	Logger *slog.Logger
-	// OnResult, when set, is called after every run that obtained the lock
+	// OnResult, when set, is called after every run that obtained the lease
 	// (and every run that failed before it could), with the counts, the
 	// duration and the run's error; for metrics. It is not called for
-	// rounds skipped because another instance held the lock. It must not
+	// rounds skipped because another instance held the lease. It must not
 	// block for long. Defaults to nil.
 	OnResult func(res Result, took time.Duration, err error)
 }
@@ -244,26 +245,28 @@ type Result struct {
 type Reconciler struct {
 	guard   Guard
 	store   Store
-	pool    durable.Acquirer
+	db      durable.DB
 	resolve ResolveFunc
 	cfg     Config
-	key     int64
+	leader  *durable.Leader
 	rows    rows
 	loop    periodic.Runner
 }
 
 // New returns a Reconciler that settles and releases keys through guard,
-// finds them in store (the Guard's store), takes its advisory lock on a
-// connection of pool, and asks resolve what happened. A nil cfg gives every
-// default. Invalid fields are reported by name.
-func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, cfg *Config) (*Reconciler, error) {
+// finds them in store (the Guard's store) with statements run on db, and
+// asks resolve what happened. db is normally the pool the store runs on,
+// directly or through any connection pooler (never a transaction: each
+// statement commits on its own). A nil cfg gives every default. Invalid
+// fields are reported by name.
+func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Config) (*Reconciler, error) {
 	switch {
 	case guard == nil:
 		return nil, errors.New("reconcile: nil guard")
 	case store == nil:
 		return nil, errors.New("reconcile: nil store")
-	case pool == nil:
-		return nil, errors.New("reconcile: nil pool")
+	case db == nil:
+		return nil, errors.New("reconcile: nil db")
 	case resolve == nil:
 		return nil, errors.New("reconcile: nil resolve func")
 	}
@@ -311,13 +314,19 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 	case c.MinAge <= hold:
 		return nil, fmt.Errorf("reconcile: Config.MinAge %v: must be longer than the Guard's MaxHold %v, or running requests could be settled under their feet", c.MinAge, hold)
 	}
+	// Once its ctx is cancelled, a run goes on acting for at most one
+	// StoreTimeout: the call recording a decision already made.
+	leader, err := durable.NewLeader(db, store.Table(), "reconcile", c.StoreTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
 	return &Reconciler{
 		guard:   guard,
 		store:   store,
-		pool:    pool,
+		db:      db,
 		resolve: resolve,
 		cfg:     c,
-		key:     advisory.Key("idem:reconcile:" + store.Table()),
+		leader:  leader,
 		rows:    newRows(store),
 	}, nil
 }
@@ -327,7 +336,7 @@ func New(guard Guard, store Store, pool durable.Acquirer, resolve ResolveFunc, c
 // reported to OnResult, and does not stop Run.
 //
 // When ctx ends, Run stops after the key in hand (a decision already made is
-// still recorded), releases the lock and returns nil. It returns an error
+// still recorded), gives the lease back and returns nil. It returns an error
 // only when Run is already running on this Reconciler.
 func (r *Reconciler) Run(ctx context.Context) error {
 	if !r.loop.Run(ctx, r.cfg.Interval, func(ctx context.Context) { _, _ = r.RunOnce(ctx) }) {
@@ -337,7 +346,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one reconciliation, for tests and cron-style use. Under the
-// table's reconcile lock, it lists due keys BatchSize at a time and handles
+// table's reconcile lease, it lists due keys BatchSize at a time and handles
 // each: resolve, then settle, release or postpone. Due keys are, in this
 // order: postponed keys whose backoff ended, in the order it ended; then keys
 // in progress for longer than MinAge that no run has looked at yet, oldest
@@ -346,18 +355,19 @@ func (r *Reconciler) Run(ctx context.Context) error {
 //
 // It returns what it did. The error is nil when the run went through, even
 // if some keys failed (they are counted in Result.Errors and logged); it
-// wraps [ErrLocked] when another instance holds the lock (nothing was done),
-// the context's error when ctx ended, or the store's error when listing
-// failed.
+// wraps [ErrLocked] when another instance holds the lease (nothing was
+// done), the context's error when ctx ended, durable.ErrLeaseLost when the
+// lease could not be renewed (the run stopped, as if cancelled, before the
+// lease could expire), or the store's error when listing failed.
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
-	ran, err := advisory.Do(ctx, r.pool, r.key, func(ctx context.Context, conn *pgxpool.Conn) error {
-		return r.run(ctx, conn, &res)
+	err := r.leader.Do(ctx, func(ctx context.Context) error {
+		return r.run(ctx, r.db, &res)
 	})
 	took := time.Since(start)
-	if !ran && err == nil {
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lock",
+	if errors.Is(err, durable.ErrLocked) {
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
 			slog.String("table", r.store.Table()))
 		return res, ErrLocked
 	}
@@ -368,13 +378,13 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	return res, err
 }
 
-// run lists and handles due keys on conn, the connection that holds the
-// reconcile lock: first the postponed keys whose backoff ended, then the keys
+// run lists and handles due keys on db, while holding the reconcile lease:
+// first the postponed keys whose backoff ended, then the keys
 // never looked at, from where the last run's scan ended (less an overlap of
 // MinAge) to now - MinAge. It then marks where this scan ended, or, when a
 // key could be neither settled, released nor postponed, just before that key,
 // so that the next run lists it again.
-func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) error {
+func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) error {
 	type ident struct {
 		scope, key string
 		owner      durable.Token
@@ -466,7 +476,7 @@ func (r *Reconciler) run(ctx context.Context, conn *pgxpool.Conn, res *Result) e
 // handle resolves one key and applies the decision, counting it in res. It
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
-func (r *Reconciler) handle(ctx context.Context, conn *pgxpool.Conn, d dueRow, res *Result) bool {
+func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res *Result) bool {
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
 		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
@@ -560,7 +570,7 @@ func (d Decision) validate() error {
 // backoff. It reports whether the key was postponed, and whether it is still
 // due: it is not when postponed or changed by someone else meanwhile (counted
 // in res as skipped); it is when the store failed (counted as an error).
-func (r *Reconciler) postpone(ctx context.Context, conn *pgxpool.Conn, log *slog.Logger, d dueRow, res *Result) (postponed, due bool) {
+func (r *Reconciler) postpone(ctx context.Context, conn durable.DB, log *slog.Logger, d dueRow, res *Result) (postponed, due bool) {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
 	err := r.rows.postponeKey(ctx, conn, d, attempts, delay)

@@ -17,8 +17,7 @@ import (
 // in-progress rows are due, the backoff of those whose outcome is still
 // unknown (the columns of migration 0002), and how far it has scanned (the
 // table of migration 0003). Settling and releasing go through the Guard.
-// Each is one round trip, run on the connection that holds the reconcile
-// lock.
+// Each is one round trip, run while the reconciler holds its lease.
 //
 // No index lists in-progress rows: one whose predicate reads response_status
 // would make every answer write a non-HOT update (migration 0003). A run

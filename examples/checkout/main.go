@@ -296,8 +296,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	c := &checkout{render: renderProblem, log: log} // orders and payrail once the database is reached
 
-	// Maintenance, on every instance; each takes a PostgreSQL advisory lock,
-	// so one instance at a time does the work.
+	// Maintenance, on every instance; each takes a lease row of the table
+	// (migration 0006), so one instance at a time does the work.
 	sweeper, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{Interval: cfg.sweepEvery, Logger: log})
 	if err != nil {
 		return err

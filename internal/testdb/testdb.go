@@ -38,10 +38,20 @@ func URL() string {
 // fails it when the environment variable CI is "true": CI must never skip.
 func Pool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	where := redact(URL())
-	cfg, err := pgxpool.ParseConfig(URL())
+	return connect(tb, "PostgreSQL", "TEST_DATABASE_URL", URL(),
+		"start PostgreSQL on 127.0.0.1:5432 with trust auth "+
+			"(e.g. docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:15) "+
+			"or point TEST_DATABASE_URL at one")
+}
+
+// connect returns a pool of dsn (what, set by env), closed when tb ends; it
+// skips tb, or fails it under CI=true, when dsn does not answer.
+func connect(tb testing.TB, what, env, dsn, how string) *pgxpool.Pool {
+	tb.Helper()
+	where := redact(dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		tb.Fatalf("testdb: TEST_DATABASE_URL: %v", err)
+		tb.Fatalf("testdb: %s: %v", env, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -53,16 +63,40 @@ func Pool(tb testing.TB) *pgxpool.Pool {
 		}
 	}
 	if err != nil {
-		const how = "start PostgreSQL on 127.0.0.1:5432 with trust auth " +
-			"(e.g. docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:15) " +
-			"or point TEST_DATABASE_URL at one"
 		if os.Getenv("CI") == "true" {
-			tb.Fatalf("testdb: PostgreSQL unreachable at %s: %v", where, err)
+			tb.Fatalf("testdb: %s unreachable at %s: %v", what, where, err)
 		}
-		tb.Skipf("testdb: PostgreSQL unreachable at %s: %v; %s", where, err, how)
+		tb.Skipf("testdb: %s unreachable at %s: %v; %s", what, where, err, how)
 	}
 	tb.Cleanup(pool.Close)
 	return pool
+}
+
+// DefaultBouncerURL is the PgBouncer used when TEST_PGBOUNCER_URL is unset:
+// the one .ci/run starts in transaction mode on port 6432, in front of the
+// PostgreSQL of DefaultURL. PgBouncer before 1.21 cannot keep prepared
+// statements across transactions, so pgx describes each statement unnamed
+// (cache_describe), as an application behind such a pooler must.
+const DefaultBouncerURL = "postgres://postgres@127.0.0.1:6432/postgres?sslmode=disable&default_query_exec_mode=cache_describe"
+
+// BouncerURL returns $TEST_PGBOUNCER_URL, or DefaultBouncerURL when it is
+// unset.
+func BouncerURL() string {
+	if u := os.Getenv("TEST_PGBOUNCER_URL"); u != "" {
+		return u
+	}
+	return DefaultBouncerURL
+}
+
+// BouncerPool returns a new pool connected through PgBouncer in transaction
+// mode ($TEST_PGBOUNCER_URL, by default DefaultBouncerURL), closed when tb
+// ends. It reaches the same database as Pool, so a schema made through Pool
+// is seen through it. When PgBouncer does not answer, BouncerPool skips tb,
+// or fails it under CI=true.
+func BouncerPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	return connect(tb, "PgBouncer", "TEST_PGBOUNCER_URL", BouncerURL(),
+		"run .ci/run's start_pgbouncer, or point TEST_PGBOUNCER_URL at a PgBouncer in transaction mode")
 }
 
 // SchemaName returns a unique schema name, idemtest_<random hex>, without

@@ -1,0 +1,226 @@
+package durable
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrLeaseLost is the error of [Leader.Do] when its lease could not be
+// renewed in time: fn's context was cancelled before the lease could have
+// expired, so that fn had stopped acting as the leader before another
+// holder could take over.
+var ErrLeaseLost = errors.New("durable: lease lost")
+
+// leaseMargin is the share of a lease's remaining time that its holder
+// leaves unused (one eighth): room for a difference between the rates of
+// the host's and the database's clocks, and for scheduling delays.
+const leaseMargin = 8
+
+// Leader makes one holder at a time, across a fleet, run a job on a table:
+// the reconciler's runs and the sweeper's. Leadership is a lease: a row of
+// the table's lease table (migration 0006) naming the job, its holder, and
+// when the lease expires on the database's clock.
+//
+// Each take, renewal and release is one autocommit statement, so nothing
+// is tied to a server session: it works through any connection pooler,
+// PgBouncer in transaction mode included, and a holder that dies only delays
+// the next one until its lease expires.
+//
+// A Leader is safe for concurrent use. Each [Leader.Do] call is a holder of
+// its own, so two calls exclude each other as two instances do.
+type Leader struct {
+	db   DB
+	job  string
+	tail time.Duration
+	ttl  time.Duration
+	sql  leaseStatements
+}
+
+// NewLeader returns a Leader of job (a short name, such as "reconcile") on
+// table, the quoted, qualified name of an idempotency table as
+// [Store.Table] returns it, whose statements run on db. db must be a pool or
+// a connection, not a transaction: each statement must commit on its own.
+//
+// tail is the longest the job may go on acting after its context is
+// cancelled, such as the timeout of a write it lets finish. The lease lasts
+// four tails, and is renewed every tail.
+func NewLeader(db DB, table, job string, tail time.Duration) (*Leader, error) {
+	switch {
+	case db == nil:
+		return nil, errNilDB
+	case table == "":
+		return nil, errors.New("durable: NewLeader: empty table")
+	case job == "":
+		return nil, errors.New("durable: NewLeader: empty job")
+	case tail <= 0:
+		return nil, fmt.Errorf("durable: NewLeader: tail must be positive, got %v", tail)
+	}
+	return &Leader{
+		db:   db,
+		job:  job,
+		tail: tail,
+		ttl:  4 * tail,
+		sql:  newLeaseStatements(besideTable(table, "_leases")),
+	}, nil
+}
+
+// Do runs fn as the leader of the job, when it can take the job's lease: it
+// returns an error wrapping [ErrLocked], without calling fn, when another
+// holder's lease is live. Otherwise it returns fn's error, after giving the
+// lease back.
+//
+// While fn runs, the lease is renewed every tail (see [NewLeader]), each
+// time for four tails counted from the database's now(). This host counts
+// what is left of the lease on its monotonic clock, from the moment it sent
+// the statement and less a margin of an eighth; the two clocks are never
+// compared. When a renewal fails, or has not come back one tail before what
+// is left runs out, fn's context is cancelled and Do returns an error
+// wrapping [ErrLeaseLost]: fn must then stop within tail, which leaves it
+// done before the lease can have expired and another holder can take it.
+func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	holder := newHolder()
+	until, err := l.hold(ctx, holder)
+	if err != nil {
+		return l.error(err)
+	}
+	defer l.release(ctx, holder)
+	if time.Until(until) <= l.tail {
+		return l.lost(errors.New("taking it took too long"))
+	}
+
+	lctx, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	stop := make(chan struct{})
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		l.keep(ctx, holder, until, stop, lose)
+	}()
+	func() {
+		defer func() { // also when fn panics
+			close(stop)
+			<-kept
+		}()
+		err = fn(lctx)
+	}()
+	if cause := context.Cause(lctx); errors.Is(cause, ErrLeaseLost) {
+		return cause
+	}
+	return err
+}
+
+// keep renews the lease of holder every tail until stop is closed. When a
+// renewal fails, or none has come back one tail before until, it calls lose
+// and returns.
+func (l *Leader) keep(ctx context.Context, holder string, until time.Time, stop <-chan struct{}, lose context.CancelCauseFunc) {
+	expire := time.NewTimer(time.Until(until) - l.tail)
+	defer expire.Stop()
+	tick := time.NewTicker(l.tail)
+	defer tick.Stop()
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	type renewal struct {
+		until time.Time
+		err   error
+	}
+	var inFlight chan renewal // nil when no renewal is in flight
+	for {
+		select {
+		case <-stop:
+			return
+		case <-expire.C:
+			lose(l.lost(errors.New("not renewed in time")))
+			return
+		case <-tick.C:
+			if inFlight != nil {
+				continue
+			}
+			ch := make(chan renewal, 1)
+			inFlight = ch
+			wg.Go(func() {
+				u, err := l.hold(rctx, holder)
+				ch <- renewal{u, err}
+			})
+		case r := <-inFlight:
+			inFlight = nil
+			if r.err != nil {
+				lose(l.lost(r.err))
+				return
+			}
+			expire.Reset(time.Until(r.until) - l.tail)
+		}
+	}
+}
+
+// hold takes or renews the lease for holder, in one statement, and returns
+// until when, on this host's monotonic clock, holder may act on it. It
+// returns ErrLocked when another holder's lease is live.
+func (l *Leader) hold(ctx context.Context, holder string) (time.Time, error) {
+	sent := time.Now()
+	var now, expires time.Time
+	err := l.db.QueryRow(ctx, l.sql.hold, l.job, holder, l.ttl.Microseconds()).Scan(&now, &expires)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, ErrLocked
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	left := expires.Sub(now) // both read on the database's clock
+	return sent.Add(left - left/leaseMargin), nil
+}
+
+// error wraps an error of hold for Do's caller.
+func (l *Leader) error(err error) error {
+	if errors.Is(err, ErrLocked) {
+		return &opError{op: "lead " + l.job, kind: ErrLocked}
+	}
+	return &opError{op: "lead " + l.job, err: err}
+}
+
+// lost is the error of a lease lost for cause.
+func (l *Leader) lost(cause error) error {
+	if errors.Is(cause, ErrLocked) {
+		cause = errors.New("another holder has taken it")
+	}
+	return &opError{op: "lead " + l.job, kind: ErrLeaseLost, err: cause}
+}
+
+// release gives the lease of holder back, best effort, so that the next
+// holder need not wait for it to expire. It runs even when ctx has ended,
+// bounded by tail.
+func (l *Leader) release(ctx context.Context, holder string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.tail)
+	defer cancel()
+	_, _ = l.db.Exec(rctx, l.sql.release, l.job, holder)
+}
+
+// newHolder names a holder: the host, the process and a random part, so
+// that an operator reading the lease table sees who leads.
+func newHolder() string {
+	host, _ := os.Hostname()
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// besideTable names the table beside the quoted, qualified table t whose
+// name is t's plus suffix, as the migrations name it.
+func besideTable(t, suffix string) string {
+	if strings.HasSuffix(t, `"`) {
+		return t[:len(t)-1] + suffix + `"`
+	}
+	return t + suffix
+}

@@ -1,0 +1,322 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/faultproxy"
+	"github.com/idemguard/idem/internal/testdb"
+)
+
+// leaderTarget is where the leaders' statements go: PostgreSQL directly, or
+// PgBouncer in transaction mode, where consecutive statements of one client
+// connection run on whichever server session is free.
+type leaderTarget struct {
+	name string
+	dsn  func() string
+	pool func(testing.TB) *pgxpool.Pool
+}
+
+var leaderTargets = []leaderTarget{
+	{"postgres", testdb.URL, testdb.Pool},
+	{"pgbouncer", testdb.BouncerURL, testdb.BouncerPool},
+}
+
+// forEachTarget runs fn, in parallel, once per target, with a store of its
+// own migrated schema (reached directly, for the test's own reads).
+func forEachTarget(t *testing.T, fn func(t *testing.T, b *bundle, target leaderTarget)) {
+	for _, target := range leaderTargets {
+		t.Run("via="+target.name, func(t *testing.T) {
+			fn(t, setup(t, nil), target)
+		})
+	}
+}
+
+func newLeader(t *testing.T, db durable.DB, b *bundle, tail time.Duration) *durable.Leader {
+	t.Helper()
+	l, err := durable.NewLeader(db, b.store.Table(), "test-job", tail)
+	require.NoError(t, err)
+	return l
+}
+
+// leadership records who acts as the leader, and fails the test as soon as
+// two do at once.
+type leadership struct {
+	t      *testing.T
+	mu     sync.Mutex
+	active string // who leads now; "" for nobody
+	events []string
+}
+
+func (l *leadership) enter(who string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.active != "" {
+		l.t.Errorf("%s leads while %s still does", who, l.active)
+	}
+	l.active = who
+	l.events = append(l.events, who+" leads")
+}
+
+func (l *leadership) leave(who string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.active == who {
+		l.active = ""
+	}
+	l.events = append(l.events, who+" stops")
+}
+
+func (l *leadership) log() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.events...)
+}
+
+// TestLeaderOneAtATime races eight instances (two pools) for one job: every
+// run happens, never two at once.
+func TestLeaderOneAtATime(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
+		pools := []*pgxpool.Pool{target.pool(t), target.pool(t)}
+		lead := &leadership{t: t}
+		var (
+			wg    sync.WaitGroup
+			runs  atomic.Int32
+			start = make(chan struct{})
+		)
+		const instances, want = 8, 40
+		for i := range instances {
+			pool := pools[i%len(pools)]
+			l := newLeader(t, pool, b, time.Minute)
+			who := string(rune('A' + i))
+			wg.Go(func() {
+				<-start
+				for runs.Load() < want {
+					err := l.Do(b.ctx, func(ctx context.Context) error {
+						lead.enter(who)
+						defer lead.leave(who)
+						runs.Add(1)
+						// A round trip while leading: a window for
+						// another to lead too, were the lease not held.
+						_, err := pool.Exec(ctx, "SELECT 1")
+						return err
+					})
+					if err != nil && !errors.Is(err, durable.ErrLocked) {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.GreaterOrEqual(t, runs.Load(), int32(want))
+	})
+}
+
+// TestLeaderMovesWhenTheLeaderStops: while A leads, B is refused; once A
+// stops, B leads at its next try.
+func TestLeaderMovesWhenTheLeaderStops(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
+		a, bb := newLeader(t, target.pool(t), b, time.Minute), newLeader(t, target.pool(t), b, time.Minute)
+		lead := &leadership{t: t}
+		actx, stopA := context.WithCancel(b.ctx)
+		leading := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- a.Do(actx, func(ctx context.Context) error {
+				lead.enter("A")
+				defer lead.leave("A")
+				close(leading)
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+		<-leading
+		for range 5 {
+			err := bb.Do(b.ctx, func(context.Context) error {
+				lead.enter("B")
+				lead.leave("B")
+				return nil
+			})
+			require.ErrorIs(t, err, durable.ErrLocked)
+		}
+		stopA()
+		require.ErrorIs(t, <-done, context.Canceled)
+		require.NoError(t, bb.Do(b.ctx, func(context.Context) error {
+			lead.enter("B")
+			lead.leave("B")
+			return nil
+		}))
+		require.Equal(t, []string{"A leads", "A stops", "B leads", "B stops"}, lead.log())
+	})
+}
+
+// TestLeaderRenewsItsLease: a run outlives the lease's length, renewing it,
+// and nobody else leads meanwhile.
+func TestLeaderRenewsItsLease(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
+		// The lease lasts 4s; a renewal may take up to 1.5s (a loaded
+		// machine) before the leader gives up.
+		const tail = time.Second
+		a, bb := newLeader(t, target.pool(t), b, tail), newLeader(t, target.pool(t), b, tail)
+		expiry := func() time.Time {
+			var at time.Time
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at FROM `+leaseTable(b)+` WHERE job = 'test-job'`).Scan(&at))
+			return at
+		}
+		var refused int
+		err := a.Do(b.ctx, func(ctx context.Context) error {
+			first := expiry()
+			// Until the lease has been renewed past twice its length
+			// (both times on the database's clock), B is refused.
+			for expiry().Before(first.Add(4 * tail)) {
+				err := bb.Do(b.ctx, func(context.Context) error { return errors.New("B leads while A does") })
+				require.ErrorIs(t, err, durable.ErrLocked)
+				refused++
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(tail / 5):
+				}
+			}
+			return nil
+		})
+		require.NoError(t, err, "the lease was renewed in time")
+		require.Positive(t, refused)
+	})
+}
+
+// TestLeaderStopsBeforeItsLeaseExpires: the leader's connection stalls, so
+// its renewals hang. It stops leading (its ctx is cancelled) before its lease
+// can have expired; B, refused until then, leads after.
+func TestLeaderStopsBeforeItsLeaseExpires(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
+		const tail = 250 * time.Millisecond
+		cfg, err := pgxpool.ParseConfig(target.dsn())
+		require.NoError(t, err)
+		proxy := faultproxy.Start(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		host, port, err := net.SplitHostPort(proxy.Addr())
+		require.NoError(t, err)
+		p, err := strconv.ParseUint(port, 10, 16)
+		require.NoError(t, err)
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+		viaProxy, err := pgxpool.NewWithConfig(b.ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(viaProxy.Close)
+		t.Cleanup(func() { proxy.CutAll() }) // first: the pool then closes at once
+
+		a, bb := newLeader(t, viaProxy, b, tail), newLeader(t, target.pool(t), b, tail)
+		lead := &leadership{t: t}
+		leading := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- a.Do(b.ctx, func(ctx context.Context) error {
+				lead.enter("A")
+				defer lead.leave("A")
+				close(leading)
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+		<-leading
+		proxy.Stall()
+		var refused int
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			require.True(t, time.Now().Before(deadline), "B never led")
+			err := bb.Do(b.ctx, func(context.Context) error {
+				lead.enter("B")
+				lead.leave("B")
+				return nil
+			})
+			if err == nil {
+				break
+			}
+			require.ErrorIs(t, err, durable.ErrLocked)
+			refused++
+			time.Sleep(tail / 10) // pace the tries; the loop ends on B's success
+		}
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("A went on leading")
+		}
+		require.ErrorIs(t, err, durable.ErrLeaseLost)
+		require.Equal(t, []string{"A leads", "A stops", "B leads", "B stops"}, lead.log())
+		require.Positive(t, refused, "B was refused while A's lease was live")
+	})
+}
+
+// TestNewLeaderRejects names what is wrong.
+func TestNewLeaderRejects(t *testing.T) {
+	_, err := durable.NewLeader(nil, `"t"`, "job", time.Second)
+	require.Error(t, err)
+	_, err = durable.NewLeader(nopDB{}, "", "job", time.Second)
+	require.ErrorContains(t, err, "table")
+	_, err = durable.NewLeader(nopDB{}, `"t"`, "", time.Second)
+	require.ErrorContains(t, err, "job")
+	_, err = durable.NewLeader(nopDB{}, `"t"`, "job", 0)
+	require.ErrorContains(t, err, "tail")
+}
+
+// leaseTable is the lease table of b's store (migration 0006).
+func leaseTable(b *bundle) string {
+	t := b.store.Table()
+	return t[:len(t)-1] + `_leases"`
+}
+
+// TestSweepersTakeTurns runs two sweepers on two instances' pools: while one
+// sweeps (paused between its batches), the other is refused and deletes
+// nothing; once it stops, the other sweeps the rest.
+func TestSweepersTakeTurns(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
+		seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
+		newSweeper := func(cfg durable.SweeperConfig) *durable.Sweeper {
+			cfg.Logger = quietLogger()
+			sw, err := durable.NewSweeper(b.store, target.pool(t), &cfg)
+			require.NoError(t, err)
+			return sw
+		}
+		first := newSweeper(durable.SweeperConfig{BatchSize: 10, BatchPause: time.Hour})
+		second := newSweeper(durable.SweeperConfig{BatchSize: 10, BatchPause: -1})
+
+		ctx, stop := context.WithCancel(b.ctx)
+		type result struct {
+			n   int64
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			n, err := first.SweepOnce(ctx)
+			done <- result{n, err}
+		}()
+		// The first batch is done: the first sweeper leads, in its pause.
+		for deadline := time.Now().Add(10 * time.Second); b.count(t) != 90; time.Sleep(5 * time.Millisecond) {
+			require.True(t, time.Now().Before(deadline), "the first batch did not happen")
+		}
+		for range 5 {
+			n, err := second.SweepOnce(b.ctx)
+			require.ErrorIs(t, err, durable.ErrLocked)
+			require.Zero(t, n)
+		}
+		require.Equal(t, 90, b.count(t))
+		stop()
+		r := <-done
+		require.ErrorIs(t, r.err, context.Canceled)
+		require.EqualValues(t, 10, r.n)
+		n, err := second.SweepOnce(b.ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 90, n)
+		require.Zero(t, b.count(t))
+	})
+}
