@@ -39,8 +39,7 @@
 // INSERT ... ON CONFLICT DO NOTHING in the same statement that returns the
 // existing row to the losers. A lost claim (a replay, a retry in progress, a
 // reused key) locks and writes nothing: it costs what a SELECT costs;
-// Complete, Settle, Release and ReleaseInProgress are one guarded UPDATE or
-// DELETE. The exceptions, each documented on its method, are a Claim that
+// Complete and Release are one guarded UPDATE or DELETE. The exceptions, each documented on its method, are a Claim that
 // finds an expired row (one more statement takes it over) or races with
 // another claimer (one more statement), the failure paths of the guarded
 // writes (one more statement to tell ErrNotFound, ErrNotOwner and

@@ -94,7 +94,14 @@ func TestObtainReleaseRefresh(t *testing.T) {
 // Exactly one of 64 racing callers obtains the lease.
 func TestObtainRace(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient, cfg *lock.Config) {
-		l, err := lock.New(c, cfg)
+		// 64 new connections at once: on a busy machine their dials take
+		// longer than the default timeout, which this test is not about.
+		var c2 lock.Config
+		if cfg != nil {
+			c2 = *cfg
+		}
+		c2.Timeout = 10 * time.Second
+		l, err := lock.New(c, &c2)
 		require.NoError(t, err)
 		const n = 64
 		var won, lost atomic.Int32

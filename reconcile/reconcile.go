@@ -32,7 +32,11 @@
 //
 //	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 //		orderID := idem.DeriveID("ord_", "order", it.Intent) // as the work derived it
-//		charge, found, err := provider.Lookup(ctx, "order-"+orderID)
+//		paymentKey, err := idem.DownstreamKey("order", orderID) // the key the work sent
+//		if err != nil {
+//			return reconcile.Decision{}, err
+//		}
+//		charge, found, err := provider.Lookup(ctx, paymentKey)
 //		switch {
 //		case err != nil:
 //			return reconcile.Decision{}, err // unknown: try again later
