@@ -144,6 +144,11 @@ func (x *execution) finish(ctx context.Context, now time.Time, resp Response, er
 	}
 	if werr := x.write(ctx, durable.Answer(resp), now); werr != nil {
 		x.g.tel.add(ctx, evPending)
+		if errors.Is(werr, durable.ErrInvalid) {
+			// The answer cannot be stored as it is (a header value that
+			// is not UTF-8): say so to the caller, not only to the log.
+			return resp, OutcomeExecutedPending, fmt.Errorf("idem: the answer cannot be stored: %w", werr)
+		}
 		return resp, OutcomeExecutedPending, nil
 	}
 	x.answered(ctx, durable.Answer(resp))

@@ -273,7 +273,9 @@ func (g *Guard) Strategy() Strategy {
 //   - OutcomeExecuted: the work ran and its answer is stored. err is nil.
 //   - OutcomeExecutedPending: the work ran and its answer is not stored (a
 //     5xx, an error, an answer that could not be written): the key stays in
-//     progress until it is settled. err is the work's own error, if any.
+//     progress until it is settled. err is the work's own error, if any, or
+//     one wrapping durable.ErrInvalid when the answer cannot be stored as
+//     it is (a header value that is not valid UTF-8).
 //   - OutcomeExecutedReleased: the work ran and said nothing happened; the
 //     key was released. err is the work's own error, if any (ErrRetrySafe
 //     when it returned that).

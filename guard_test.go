@@ -959,3 +959,22 @@ func TestLostReplyToCommittedClaim(t *testing.T) {
 		require.EqualValues(t, 1, w.n.Load())
 	})
 }
+
+// A header value that is not UTF-8 cannot be stored byte for byte (JSON would
+// change it): Do says so instead of storing another answer than the one it
+// returns, and the key stays in progress.
+func TestUnstorableHeaderIsRefusedAtDo(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		r := req("u", newKey(), "x")
+		resp, out, err := b.guard.Do(t.Context(), r, func(context.Context) (idem.Response, error) {
+			return idem.Response{Status: 201, Header: http.Header{"Etag": {"\"caf\xe9\""}}}, nil
+		})
+		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.ErrorIs(t, err, durable.ErrInvalid)
+		require.Equal(t, 201, resp.Status)
+		rec, gerr := b.store.Get(t.Context(), r.Scope, r.Key)
+		require.NoError(t, gerr)
+		require.True(t, rec.InProgress(), "nothing else was stored")
+	})
+}

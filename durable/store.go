@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -348,6 +349,18 @@ func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err 
 	h := a.Header
 	if h == nil {
 		h = http.Header{}
+	}
+	for name, values := range h {
+		if !utf8.ValidString(name) {
+			return 0, nil, nil, invalid(op, "a header name is not valid UTF-8")
+		}
+		for _, v := range values {
+			if !utf8.ValidString(v) {
+				// JSON would store U+FFFD instead: a replay would differ
+				// from the answer, and a retried write would not match.
+				return 0, nil, nil, invalid(op, "a value of header "+name+" is not valid UTF-8: it cannot be stored byte for byte")
+			}
+		}
 	}
 	headers, err = json.Marshal(h)
 	if err != nil {

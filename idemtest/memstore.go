@@ -302,12 +302,12 @@ func encodeAnswer(op string, a durable.Answer) (*memAnswer, error) {
 		h = http.Header{}
 	}
 	for name, values := range h {
-		if strings.IndexByte(name, 0) >= 0 {
-			return nil, invalid(op, "a header name contains a NUL byte")
+		if strings.IndexByte(name, 0) >= 0 || !utf8.ValidString(name) {
+			return nil, invalid(op, "a header name contains a NUL byte or is not valid UTF-8")
 		}
 		for _, v := range values {
-			if strings.IndexByte(v, 0) >= 0 {
-				return nil, invalid(op, "header "+name+" contains a NUL byte")
+			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+				return nil, invalid(op, "a value of header "+name+" contains a NUL byte or is not valid UTF-8: it cannot be stored byte for byte")
 			}
 		}
 	}
