@@ -35,6 +35,10 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	require.Equal(t, 4, checks())
 	b.applyFiles(t, conn, "0004_drop_check_constraints.up.sql")
 	require.Zero(t, checks())
+	b.applyFiles(t, conn,
+		"0005_key_lifecycle.up.sql",
+		"0005_key_lifecycle.down.sql",
+		"0005_key_lifecycle.up.sql")
 	store, err := durable.New(conn.Conn(), nil)
 	require.NoError(t, err)
 	p := params(t, "user-1", "key-1", "a")

@@ -1,0 +1,14 @@
+-- Rows released since 0005 go back to being absent, as a release deleted
+-- them before.
+DELETE FROM idempotency_keys WHERE released_at IS NOT NULL;
+
+ALTER TABLE idempotency_keys
+    DROP COLUMN IF EXISTS released_at,
+    DROP COLUMN IF EXISTS hold_until,
+    DROP COLUMN IF EXISTS attempt,
+    DROP COLUMN IF EXISTS intent_id;
+
+COMMENT ON COLUMN idempotency_keys.owner_token IS
+    'Random token of the worker that claimed the key; only it may complete or release the row.';
+COMMENT ON COLUMN idempotency_keys.created_at IS
+    'Database time of the claim; the key expires retention after it.';
