@@ -200,6 +200,7 @@ WHERE (user_id, key) IN (
 	st.releaseNotify = withNotify(st.release, 4)
 	return st
 }
+
 // withNotify wraps a write of one row so that, when it changed the row, it
 // also pg_notify's parameter $n (the channel) with $n+1 (the payload).
 func withNotify(write string, n int) string {
