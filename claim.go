@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/idemguard/idem/durable"
@@ -22,16 +24,55 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release
 	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
 	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: x.owner,
+		Intent: newToken(), Hold: g.MaxHold(),
 	})
 	now := time.Now()
 	x.claimBound.endAt(now)
 	g.tel.since(ctx, phaseClaim, t0)
 	if err != nil {
+		if ambiguous(err) {
+			g.giveBack(ctx, req, x.owner)
+		}
 		return g.storeFailed(ctx, req, "claim", err)
 	}
 	if !claimed {
 		return g.decide(ctx, req, rec)
 	}
+	x.intent, x.attempt = IntentID(rec.Intent), rec.Attempt
 	x.createdAt, x.claimed = rec.CreatedAt, now
 	return x.run(ctx, work)
+}
+
+// ambiguous reports whether a failed claim may have committed all the same:
+// its reply did not come back in time (StoreTimeout, a stalled synchronous
+// standby) or the caller gave up while it was out. An error the store
+// returned, or a refused connection, says nothing was written.
+func ambiguous(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// giveBackTimeout bounds the release of a claim that may have committed.
+const giveBackTimeout = time.Second
+
+// giveBack releases, owner-checked and best effort, a claim that may have
+// committed although the claim call failed, so that the key is not left in
+// progress with no execution behind it until a reconciler finds it: the work
+// never ran, so nothing happened. When the claim did not commit there is
+// nothing of this owner's to release, and the store says so.
+func (g *Guard) giveBack(ctx context.Context, req Request, owner durable.Token) {
+	rctx := new(bounded)
+	rctx.start(context.WithoutCancel(ctx), time.Now().Add(min(g.storeTimeout, giveBackTimeout)))
+	err := g.store.Release(rctx, req.Scope, req.Key, owner)
+	rctx.end()
+	switch {
+	case err == nil:
+		g.tel.add(ctx, evReleased)
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: a claim whose reply was lost had committed; released it, the work did not run",
+			slog.String("key_hash", keyHash(req)))
+	case errors.Is(err, durable.ErrNotFound), errors.Is(err, durable.ErrNotOwner):
+		// The claim did not commit (or not yet): nothing to give back.
+	default:
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: could not release a claim whose reply was lost; if it committed, the key waits for reconciliation",
+			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+	}
 }

@@ -19,12 +19,14 @@ func executionFrom(ctx context.Context) *execution {
 	return x
 }
 
-// execution is one run of the work under a claimed durable row. Its owner
-// token is the row's, and the intent's ID.
+// execution is one run of the work under a claimed durable row: one attempt
+// of the row's intent. Its owner token is the row's, for this attempt only.
 type execution struct {
 	g         *Guard
 	req       Request
-	owner     durable.Token
+	owner     durable.Token // the attempt's: the owner checks compare it
+	intent    IntentID      // the row's intent, kept across releases
+	attempt   int           // which attempt of the intent: 1, 2, ...
 	createdAt time.Time                   // the claimed row's created_at (database clock)
 	claimed   time.Time                   // when the claim returned (local clock): the work's deadline counts from here
 	lease     func(context.Context) error // hybrid: gives the lease back, with the key when it is released
@@ -254,9 +256,9 @@ func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 		slog.String("op", op), slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 }
 
-// release deletes the claimed row (nothing happened: the next retry runs)
-// and, in hybrid mode, gives the lease back so that the retry need not wait
-// for its TTL.
+// release marks the claimed row released (nothing happened: the next retry
+// runs, as the next attempt of the same intent) and, in hybrid mode, gives
+// the lease back so that the retry need not wait for its TTL.
 func (x *execution) release(ctx context.Context) {
 	sctx := x.g.storeContext(ctx)
 	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)
