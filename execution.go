@@ -24,9 +24,9 @@ func executionFrom(ctx context.Context) *execution {
 type execution struct {
 	g         *Guard
 	req       Request
-	owner     durable.Token // the attempt's: the owner checks compare it
-	intent    IntentID      // the row's intent, kept across releases
-	attempt   int           // which attempt of the intent: 1, 2, ...
+	owner     durable.Token               // the attempt's: the owner checks compare it
+	intent    IntentID                    // the row's intent, kept across releases
+	attempt   int                         // which attempt of the intent: 1, 2, ...
 	createdAt time.Time                   // the claimed row's created_at (database clock)
 	claimed   time.Time                   // when the claim returned (local clock): the work's deadline counts from here
 	lease     func(context.Context) error // hybrid: gives the lease back, with the key when it is released
