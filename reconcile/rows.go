@@ -62,15 +62,18 @@ WHERE created_at >= $1 AND created_at <= $4
 ORDER BY created_at, user_id, key
 LIMIT $5`
 
-	// $1 retention, $2 min age, $3 overlap (microseconds). The window of a
-	// scan of new rows: from the mark of the last scan less the overlap (or
-	// the start of the retention, for the very first scan), to now - min
-	// age.
+	// $1 min age, $2 overlap (microseconds). The window of a scan of new
+	// rows: from the mark of the last scan less the overlap (or the oldest
+	// row, for the very first scan: a row in progress never expires, so no
+	// retention bounds what is left to look at), to now - min age. The
+	// oldest row is the first entry of the created_at index; an empty table
+	// gives an empty window.
 	windowSQL = `
 SELECT coalesce(
-		(SELECT scanned_to FROM %[2]s) - $3::bigint * interval '1 microsecond',
+		(SELECT scanned_to FROM %[2]s) - $2::bigint * interval '1 microsecond',
+		(SELECT min(created_at) FROM %[1]s),
 		now() - $1::bigint * interval '1 microsecond'),
-	now() - $2::bigint * interval '1 microsecond'`
+	now() - $1::bigint * interval '1 microsecond'`
 
 	// $1 the new mark.
 	markSQL = `
@@ -119,7 +122,6 @@ func (d dueRow) after() cursor { return cursor{d.CreatedAt, d.Scope, d.Key} }
 // rows runs the reconciler's statements on one table.
 type rows struct {
 	listPostponedSQL, listNewSQL, windowSQL, markSQL, postponeSQL, deferSQL string // for this table
-	retention                                                               int64  // microseconds
 }
 
 func newRows(store Store) rows {
@@ -133,7 +135,6 @@ func newRows(store Store) rows {
 		markSQL:          f(markSQL),
 		postponeSQL:      f(postponeSQL),
 		deferSQL:         f(deferSQL),
-		retention:        store.Retention().Microseconds(),
 	}
 }
 
@@ -154,7 +155,7 @@ func (r rows) listPostponed(ctx context.Context, db durable.DB, limit int) ([]du
 // window returns where the scan of new rows starts and ends: rows created
 // in (from, to] that are in progress and were never postponed are due.
 func (r rows) window(ctx context.Context, db durable.DB, minAge, overlap time.Duration) (from, to time.Time, err error) {
-	err = db.QueryRow(ctx, r.windowSQL, r.retention, minAge.Microseconds(), overlap.Microseconds()).Scan(&from, &to)
+	err = db.QueryRow(ctx, r.windowSQL, minAge.Microseconds(), overlap.Microseconds()).Scan(&from, &to)
 	return from, to, err
 }
 

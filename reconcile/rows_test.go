@@ -93,8 +93,8 @@ func (b *rowsBundle) listPostponed(t *testing.T) []string {
 	return keysOf(ds)
 }
 
-// New rows: live, in progress, never postponed, older than the age, within
-// the window; oldest first, page by page.
+// New rows: in progress (not answered, not released), never postponed, older
+// than the age, within the window; oldest first, page by page.
 func TestRowsNew(t *testing.T) {
 	b := setupRows(t)
 	owners := map[string]durable.Token{}
@@ -106,8 +106,9 @@ func TestRowsNew(t *testing.T) {
 	done := b.claim(t, "done")
 	require.NoError(t, b.store.Complete(b.ctx, "user-1", "done", done, durable.Answer{Status: 200}))
 	b.age(t, "done", "40 minutes")
-	b.claim(t, "expired")
-	b.age(t, "expired", "25 hours")
+	released := b.claim(t, "released")
+	require.NoError(t, b.store.Release(b.ctx, "user-1", "released", released))
+	b.age(t, "released", "25 minutes")
 	p := dueRow{Scope: "user-1", Key: "postponed", Owner: b.claim(t, "postponed")}
 	b.age(t, "postponed", "15 minutes")
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, p, 1, 0))
@@ -132,16 +133,27 @@ func TestRowsNew(t *testing.T) {
 	require.Equal(t, []string{"k30", "k10", "k20"}, keysOf(ds))
 }
 
-// The window starts at the start of the retention until a scan is marked,
-// then at the mark less the overlap; it ends at now - min age.
+// The window starts at the oldest row until a scan is marked (a row in
+// progress never expires, however old), then at the mark less the overlap;
+// it ends at now - min age.
 func TestRowsWindow(t *testing.T) {
 	b := setupRows(t)
 	from, to, err := b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	var now time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now))
-	require.WithinDuration(t, now.Add(-b.store.Retention()), from, 5*time.Second)
+	require.WithinDuration(t, now.Add(-time.Minute), from, 5*time.Second, "an empty table: an empty window")
 	require.WithinDuration(t, now.Add(-time.Minute), to, 5*time.Second)
+
+	b.claim(t, "ancient")
+	b.age(t, "ancient", "72 hours")
+	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, err)
+	require.WithinDuration(t, now.Add(-72*time.Hour), from, 5*time.Second, "the first scan starts at the oldest row")
+	ds, _ := b.listNew(t, time.Minute, 10)
+	require.Equal(t, []string{"ancient"}, keysOf(ds), "a key in progress for longer than the retention is listed")
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM `+b.store.Table())
+	require.NoError(t, err)
 
 	mark := now.Add(-10 * time.Minute).Truncate(time.Microsecond)
 	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
@@ -153,7 +165,7 @@ func TestRowsWindow(t *testing.T) {
 	b.claim(t, "old")
 	b.age(t, "old", "20 minutes")
 	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-2*time.Minute)))
-	ds, _ := b.listNew(t, time.Minute, 10)
+	ds, _ = b.listNew(t, time.Minute, 10)
 	require.Empty(t, ds)
 
 	// A mark past a whole retention starts at the mark: a row in progress
