@@ -76,7 +76,7 @@ type Response struct {
 //   - 429, an error wrapping ErrRetrySafe, or MarkRetrySafe called: the key is
 //     released, the next retry runs the work again;
 //   - 5xx or any other error: not stored, the key stays in progress until it
-//     is settled or released, or expires.
+//     is settled or released (it never expires meanwhile).
 type Work func(ctx context.Context) (Response, error)
 
 // IntentID identifies one intent: what a client meant by sending a key. The

@@ -214,12 +214,9 @@ type Config struct {
 	ResolveTimeout time.Duration
 	// BackoffBase is the wait after the first attempt that could not learn
 	// a key's outcome; it doubles with every further attempt, up to
-	// BackoffMax, without jitter. Retries end when the key expires (the
-	// store's retention): an expired row is no longer listed. Defaults to
+	// BackoffMax, without jitter. A key in progress never expires:
+	// retries go on until the ResolveFunc learns the outcome. Defaults to
 	// 30s.
-	//
-	// A key in progress never expires: retries go on until the
-	// ResolveFunc learns the outcome.
 	BackoffBase time.Duration
 	// BackoffMax caps the backoff. Defaults to 1h.
 	BackoffMax time.Duration
@@ -244,7 +241,8 @@ type Config struct {
 type Result struct {
 	// Settled keys got their answer stored.
 	Settled int
-	// Released keys were deleted: their next retry runs the work.
+	// Released keys were released: their next retry runs the work, as the
+	// next attempt of the same intent.
 	Released int
 	// Unknown keys were postponed because the ResolveFunc answered Unknown.
 	Unknown int
