@@ -1,12 +1,16 @@
 package idem
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/durable"
 )
 
 func TestAnswerCacheLRUAndExpiry(t *testing.T) {
@@ -67,4 +71,53 @@ func TestCloneResponseIsDeep(t *testing.T) {
 	b.Body[0] = 'X'
 	require.Equal(t, "/a", a.Header.Get("Location"))
 	require.Equal(t, "body", string(a.Body))
+}
+
+// answeredStore returns one answered row, read with ttl left, whose
+// created_at is on a database clock far from the host's.
+type answeredStore struct {
+	rec durable.Record
+}
+
+func (s answeredStore) Claim(context.Context, durable.ClaimParams) (durable.Record, bool, error) {
+	return s.rec, false, nil
+}
+func (s answeredStore) Get(context.Context, string, string) (durable.Record, error) {
+	return s.rec, nil
+}
+func (answeredStore) Complete(context.Context, string, string, durable.Token, durable.Answer) error {
+	return nil
+}
+func (answeredStore) Release(context.Context, string, string, durable.Token) error { return nil }
+func (answeredStore) Retention() time.Duration                                     { return 24 * time.Hour }
+
+// A cached answer leaves the cache by the key's remaining life as the
+// database counted it, on the host's monotonic clock: a database clock two
+// minutes ahead of the host (or behind it) changes nothing.
+func TestCacheCountsTheKeysLifeFromTheDatabase(t *testing.T) {
+	for _, skew := range []time.Duration{2 * time.Minute, -2 * time.Minute} {
+		t.Run(fmt.Sprint("db clock ", skew), func(t *testing.T) {
+			fp := Fingerprint{7}
+			rec := durable.Record{
+				Scope: "u", Key: "k", Fingerprint: fp,
+				Answer: &durable.Answer{Status: 201, Header: http.Header{}, Body: []byte("x")},
+				// One minute of the 24 h retention left, on a database clock
+				// that is skew ahead of the host's.
+				CreatedAt: time.Now().Add(skew).Add(-24*time.Hour + time.Minute),
+				TTL:       time.Minute,
+			}
+			g, err := New(answeredStore{rec}, &Config{CacheSize: 8, CacheTTL: time.Hour})
+			require.NoError(t, err)
+			rq := Request{Scope: "u", Key: "k", Fingerprint: fp}
+			_, out, err := g.Do(context.Background(), rq, func(context.Context) (Response, error) {
+				return Response{}, errors.New("must not run")
+			})
+			require.NoError(t, err)
+			require.Equal(t, OutcomeReplayed, out)
+			e, ok := g.cache.get(rq)
+			require.True(t, ok)
+			require.False(t, e.expires.After(time.Now().Add(time.Minute)),
+				"the entry outlives the key's remaining minute by %v", time.Until(e.expires)-time.Minute)
+		})
+	}
 }

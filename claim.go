@@ -14,12 +14,13 @@ import (
 // The winner runs the work and writes its answer under its owner token; a
 // loser is answered from the row it found (422, 409 or a replay).
 //
-// release gives back the hybrid's lease; nil in table mode, after a
-// fallback, or on the read path.
-func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release func(context.Context) error) (Response, Outcome, error) {
+// lease is the hybrid's lease, held by this request; nil in table mode,
+// after a fallback, or on the read path. A claim that finds a row replaces
+// the lease with what the row says.
+func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease leaseFunc) (Response, Outcome, error) {
 	// The execution is made before the claim: it holds the claim's context
 	// too, so that a first execution allocates once for both.
-	x := &execution{g: g, req: req, owner: newToken(), lease: release}
+	x := &execution{g: g, req: req, owner: newToken()}
 	t0 := time.Now()
 	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
 	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
@@ -36,10 +37,19 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, release
 		return g.storeFailed(ctx, req, "claim", err)
 	}
 	if !claimed {
-		return g.decide(ctx, req, rec)
+		resp, out, err := g.decide(ctx, req, rec, t0)
+		switch {
+		case lease != nil && !rec.ReleasedAt.IsZero():
+			// A released row refused another request (422): no claim
+			// holds the key, so neither may the lease.
+			g.leaseWrite(ctx, req, "release lease", func(ctx context.Context) error { return lease(ctx, nil, 0) })
+		case lease != nil:
+			g.leaseFromRow(ctx, req, lease, rec, errors.Is(err, ErrPending), t0)
+		}
+		return resp, out, err
 	}
 	x.intent, x.attempt = IntentID(rec.Intent), rec.Attempt
-	x.createdAt, x.claimed = rec.CreatedAt, now
+	x.expires, x.claimed = t0.Add(rec.TTL), now
 	return x.run(ctx, work)
 }
 

@@ -7,6 +7,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -137,22 +138,30 @@ func TestClusterGuard(t *testing.T) {
 	})
 }
 
-// leaseSpy records the leases the guard's lock is granted (SET NX that
-// succeeded), per Redis key, in order.
+// leaseSpy records the leases the guard's lock is granted, per Redis key, in
+// order: the lock's obtain script answers nil exactly when it took the key
+// (every other script of the lock answers a number or a state).
 type leaseSpy struct {
 	redis.UniversalClient
 	mu      sync.Mutex
 	granted map[string][]time.Time
 }
 
-func (s *leaseSpy) SetNX(ctx context.Context, key string, value any, ttl time.Duration) *redis.BoolCmd {
-	cmd := s.UniversalClient.SetNX(ctx, key, value, ttl)
-	if ok, err := cmd.Result(); err == nil && ok {
+func (s *leaseSpy) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return s.record(keys, s.UniversalClient.EvalSha(ctx, sha, keys, args...))
+}
+
+func (s *leaseSpy) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return s.record(keys, s.UniversalClient.Eval(ctx, script, keys, args...))
+}
+
+func (s *leaseSpy) record(keys []string, cmd *redis.Cmd) *redis.Cmd {
+	if errors.Is(cmd.Err(), redis.Nil) && len(keys) == 1 {
 		s.mu.Lock()
 		if s.granted == nil {
 			s.granted = map[string][]time.Time{}
 		}
-		s.granted[key] = append(s.granted[key], time.Now())
+		s.granted[keys[0]] = append(s.granted[keys[0]], time.Now())
 		s.mu.Unlock()
 	}
 	return cmd
@@ -298,7 +307,7 @@ func TestFaultRedisClusterFailover(t *testing.T) {
 						t.Error(err)
 					}
 					for time.Since(killed) < 20*time.Second {
-						lease, err := keys.Obtain(ctx, probeLease.scope, probeLease.key)
+						lease, _, err := keys.Obtain(ctx, probeLease.scope, probeLease.key, nil)
 						if err == nil {
 							backIn = time.Since(killed)
 							_ = lease.Release(ctx)

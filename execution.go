@@ -24,13 +24,12 @@ func executionFrom(ctx context.Context) *execution {
 type execution struct {
 	g         *Guard
 	req       Request
-	owner     durable.Token               // the attempt's: the owner checks compare it
-	intent    IntentID                    // the row's intent, kept across releases
-	attempt   int                         // which attempt of the intent: 1, 2, ...
-	createdAt time.Time                   // the claimed row's created_at (database clock)
-	claimed   time.Time                   // when the claim returned (local clock): the work's deadline counts from here
-	lease     func(context.Context) error // hybrid: gives the lease back, with the key when it is released
-	retrySafe atomic.Bool                 // MarkRetrySafe was called
+	owner     durable.Token // the attempt's: the owner checks compare it
+	intent    IntentID      // the row's intent, kept across releases
+	attempt   int           // which attempt of the intent: 1, 2, ...
+	expires   time.Time     // when the claimed row expires in the store, on the local monotonic clock
+	claimed   time.Time     // when the claim returned (local clock): the work's deadline counts from here
+	retrySafe atomic.Bool   // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
 	// whether that transaction committed is checked after the work.
@@ -150,7 +149,10 @@ func (x *execution) finish(ctx context.Context, now time.Time, resp Response, er
 		return resp, OutcomeExecutedPending, nil
 	}
 	x.g.tel.add(ctx, evExecuted)
-	x.g.remember(x.req, resp, x.createdAt)
+	x.g.remember(x.req, resp, x.expires)
+	if x.g.lock != nil {
+		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, durable.Answer(resp), x.expires)
+	}
 	return resp, OutcomeExecuted, nil
 }
 
@@ -171,7 +173,10 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 				slog.String("key_hash", keyHash(x.req)), slog.Int("completed_status", joined.Status), slog.Int("returned_status", resp.Status))
 		}
 		x.g.tel.add(ctx, evExecuted)
-		x.g.remember(x.req, Response(*rec.Answer), rec.CreatedAt)
+		x.g.remember(x.req, Response(*rec.Answer), x.expires)
+		if x.g.lock != nil {
+			x.g.copyAnswer(ctx, x.req, rec.Fingerprint, *rec.Answer, x.expires)
+		}
 		return resp, OutcomeExecuted, err
 	case gerr == nil && rec.Owner == x.owner:
 		// The caller's transaction rolled back.
@@ -257,8 +262,8 @@ func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 }
 
 // release marks the claimed row released (nothing happened: the next retry
-// runs, as the next attempt of the same intent) and, in hybrid mode, gives
-// the lease back so that the retry need not wait for its TTL.
+// runs, as the next attempt of the same intent) and, in hybrid mode, deletes
+// the key's lease, so that the retry is not refused from it.
 func (x *execution) release(ctx context.Context) {
 	sctx := x.g.storeContext(ctx)
 	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)
@@ -269,7 +274,7 @@ func (x *execution) release(ctx context.Context) {
 			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 		return
 	}
-	if x.lease != nil {
-		x.g.releaseLease(ctx, x.req, x.lease)
+	if x.g.lock != nil {
+		x.g.dropLease(ctx, x.req)
 	}
 }

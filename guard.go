@@ -59,15 +59,28 @@ type Store interface {
 
 // Locker is the lease service of the hybrid strategy. *lock.Locker (package
 // lock, over Redis) implements it; taking it as an interface keeps Redis out
-// of a table-only program.
+// of a table-only program. A lease's state is opaque to the Locker: the Guard
+// writes what it knows about the key there (running under a fingerprint, a
+// copy of the committed answer) and reads it back to answer requests that
+// must not run.
 type Locker interface {
-	// TryLock takes the lease of the intent (scope, key) without waiting.
-	// It returns a function that gives the lease back when it was
-	// obtained; nil and a nil error when another holder has it; an error
-	// when the service could not answer in time (the guard then claims
-	// without a lease) or ctx ended. release reports an error only when it
-	// could not reach the service; a lease already gone is not one.
-	TryLock(ctx context.Context, scope, key string) (release func(context.Context) error, err error)
+	// TryLock takes the lease of the intent (scope, key) with state as its
+	// value, without waiting, in one round trip. When it obtains the lease
+	// it returns a function that replaces the lease's state and TTL (0
+	// keeps the remaining TTL) or, given a nil state, deletes it, both only
+	// while the lease is still the caller's; when another holder has it, it
+	// returns the state held, how long ago that lease was taken (measured
+	// by the lease service's own clock), and a nil function. It returns an
+	// error when the service could not answer in time (the guard then
+	// claims without a lease) or ctx ended. The function reports an error
+	// only when it could not reach the service: a lease no longer held is
+	// left alone.
+	TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(ctx context.Context, state []byte, ttl time.Duration) error, err error)
+	// Set writes state as the lease of (scope, key) for ttl, whoever holds
+	// it.
+	Set(ctx context.Context, scope, key string, state []byte, ttl time.Duration) error
+	// Delete removes the lease of (scope, key), whoever holds it.
+	Delete(ctx context.Context, scope, key string) error
 }
 
 // Waiter wakes a request that waits for a key's answer instead of being
@@ -115,9 +128,9 @@ type Config struct {
 	// (executed, executed_pending, released, replayed, in_progress,
 	// key_reused, key_missing, key_invalid, settled, fallback, store_error,
 	// double_execution, answer_mismatch, overrun, cache_hit, waited,
-	// wait_timeout, wait_refused) and the
-	// histogram "idem.phase.duration" of the guard's own steps (lock,
-	// claim, read, store, release). Defaults to nil: no metrics and no cost
+	// wait_timeout, wait_refused, lease_answered) and the histogram
+	// "idem.phase.duration" of the guard's own steps (lock, claim, read,
+	// store, lease). Defaults to nil: no metrics and no cost
 	// beyond the atomic counters behind Stats.
 	MeterProvider metric.MeterProvider
 	// CacheSize, when positive, keeps up to that many finished answers in an
@@ -148,9 +161,6 @@ const (
 	defaultWorkTimeout  = 20 * time.Second
 	defaultCacheTTL     = time.Minute
 	defaultMaxWaiters   = 1024
-	// cacheSkew is subtracted from a key's expiry in the store when caching
-	// its answer, to absorb skew between the database and local clocks.
-	cacheSkew = time.Minute
 )
 
 // Strategy names how a Guard decides who runs.
@@ -180,6 +190,7 @@ type Guard struct {
 	waiter       Waiter
 	maxWaiters   int64
 	waiting      atomic.Int64
+	redis        redisBreaker // hybrid: a recent failure of the lease service
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -354,7 +365,9 @@ func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duratio
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
-		resp, out, err := g.do(ctx, req, work)
+		// The row, not the lease: an answer's copy reaches Redis only after
+		// the commit that woke us.
+		resp, out, err := g.claimAndRun(ctx, req, work, nil)
 		if out != OutcomeInProgress || errors.Is(err, ErrPending) {
 			g.tel.add(ctx, evWaited)
 			return resp, out, err
@@ -372,8 +385,8 @@ func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duratio
 
 // decide answers a request whose key already has a row: a different
 // fingerprint first (422, whatever the row's state), then no answer yet (409),
-// else replay.
-func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record) (Response, Outcome, error) {
+// else replay. read is when the statement that returned rec was sent.
+func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record, read time.Time) (Response, Outcome, error) {
 	switch {
 	case rec.Fingerprint != req.Fingerprint:
 		g.tel.add(ctx, evKeyReused)
@@ -396,20 +409,18 @@ func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record) (Re
 	}
 	g.tel.add(ctx, evReplayed)
 	resp := Response(*rec.Answer)
-	g.remember(req, resp, rec.CreatedAt)
+	g.remember(req, resp, read.Add(rec.TTL))
 	return resp, OutcomeReplayed, nil
 }
 
-// remember caches a finished answer of a key created at createdAt (database
-// clock), so that it leaves the cache before the key expires in the store.
-func (g *Guard) remember(req Request, resp Response, createdAt time.Time) {
+// remember caches a finished answer of a key that expires in the store at
+// expires, on the local monotonic clock (see durable.Record.TTL), so that it
+// leaves the cache before the key does.
+func (g *Guard) remember(req Request, resp Response, expires time.Time) {
 	if g.cache == nil {
 		return
 	}
-	if createdAt.IsZero() {
-		createdAt = time.Now()
-	}
-	g.cache.put(req, cloneResponse(resp), createdAt.Add(g.retention-cacheSkew))
+	g.cache.put(req, cloneResponse(resp), expires)
 }
 
 func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
@@ -458,8 +469,9 @@ func (g *Guard) MaxHold() time.Duration {
 }
 
 // Settle stores the final answer of a key left in progress (by a 5xx, an
-// error, a crash), so that its next retry is replayed resp. Use it once the
-// real outcome is known, and only once the attempt's execution has ended
+// error, a crash), so that its next retry is replayed resp. In the hybrid
+// strategy the key's lease then holds a copy of it, read back from the row.
+// Use it once the real outcome is known, and only once the attempt's execution has ended
 // (the row's HoldUntil has passed; a reconciler waits for it). It acts only
 // on the attempt whose owner token is owner (the row's Owner, as the store's
 // Get returns it; a reconciler passes the one it listed): a key released and
@@ -475,6 +487,9 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner durable.Tok
 	if err := g.store.Complete(ctx, scope, key, owner, durable.Answer(resp)); err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
+	if g.lock != nil {
+		g.copySettled(ctx, scope, key)
+	}
 	g.tel.add(ctx, evSettled)
 	g.log.LogAttrs(ctx, slog.LevelInfo, "idem: key settled",
 		slog.String("key_hash", KeyHash(scope, key)), slog.Int("status", resp.Status))
@@ -488,13 +503,33 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner durable.Tok
 // Like Settle it acts only on the attempt of owner (durable.ErrNotOwner
 // otherwise), returns durable.ErrNotFound when no live row exists or it was
 // released already, and durable.ErrCompleted when the key has an answer,
-// which is never released.
+// which is never released. In the hybrid strategy the key's lease is deleted
+// too.
 func (g *Guard) Release(ctx context.Context, scope, key string, owner durable.Token) error {
 	if err := g.store.Release(ctx, scope, key, owner); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
+	}
+	if g.lock != nil {
+		g.dropLease(ctx, Request{Scope: scope, Key: key})
 	}
 	g.tel.add(ctx, evReleased)
 	g.log.LogAttrs(ctx, slog.LevelInfo, "idem: key released",
 		slog.String("key_hash", KeyHash(scope, key)))
 	return nil
+}
+
+// copySettled puts the answer a key was just settled with in its lease, as
+// read back from the row; when the row cannot be read, it deletes the lease,
+// so that the next request claims and finds the answer.
+func (g *Guard) copySettled(ctx context.Context, scope, key string) {
+	req := Request{Scope: scope, Key: key}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
+	t0 := time.Now()
+	rec, err := g.store.Get(sctx, scope, key)
+	cancel()
+	if err != nil || rec.Answer == nil {
+		g.dropLease(ctx, req)
+		return
+	}
+	g.copyAnswer(ctx, req, rec.Fingerprint, *rec.Answer, t0.Add(rec.TTL))
 }

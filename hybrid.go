@@ -5,25 +5,30 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemguard/idem/durable"
 )
 
-// doHybrid puts a Redis lease in front of the durable claim. SET NX EX
-// decides "somebody has this key" at Redis speed: a request that does not
-// get the lease reads the row (replay, 422, or 409 while it runs) and writes
-// nothing. The request that gets it claims the durable row like the table
-// strategy, so PostgreSQL still decides who runs.
+// doHybrid puts a Redis lease in front of the durable claim. One round trip
+// either takes the lease (state leaseClaiming, with this request's
+// fingerprint) or returns the state another request left there, which answers
+// the retries of a running key (409), reused keys (422) and replays without
+// PostgreSQL (see lease.go). The request that gets the lease claims the
+// durable row like the table strategy, so PostgreSQL still decides who runs;
+// when the claim finds a row, the lease is replaced by what the row says.
 //
-// The lease is kept after the request, until its TTL: retries in that time
-// take the read path, which costs less than a claim. It is given back when
-// the key is released by its own execution (nothing happened) or when the
-// claim could not be made; a key released or expired otherwise leaves a
-// lease with no row behind, and the read path then claims (readDecide).
+// After a Redis failure the guard goes straight to the table claim for a
+// second (redisDown): a stalled Redis then costs one request per second its
+// timeout, not every request.
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+	if !g.redis.allow() {
+		g.tel.add(ctx, evFallback)
+		return g.claimAndRun(ctx, req, work, nil)
+	}
 	start := time.Now()
-	release, err := g.lock.TryLock(ctx, req.Scope, req.Key)
+	held, age, lease, err := g.lock.TryLock(ctx, req.Scope, req.Key, encodeLease(leaseClaiming, req.Fingerprint))
 	g.tel.since(ctx, phaseLock, start)
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -31,52 +36,186 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 	case err != nil:
 		// Safe: every execution holds a durable row, and this claim
 		// competes with theirs.
+		g.redisFailed(ctx, req, "lock", err)
 		g.tel.add(ctx, evFallback)
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease service unavailable, falling back to the table claim",
-			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 		return g.claimAndRun(ctx, req, work, nil)
-	case release == nil:
-		return g.readDecide(ctx, req, work)
 	}
-	resp, out, err := g.claimAndRun(ctx, req, work, release)
+	g.redis.ok()
+	if lease == nil {
+		return g.answerFromLease(ctx, req, work, held, age)
+	}
+	resp, out, err := g.claimAndRun(ctx, req, work, lease)
 	if out == OutcomeNone {
 		// The claim failed: nothing holds the key, so neither may the lease.
-		g.releaseLease(ctx, req, release)
+		g.leaseWrite(ctx, req, "release lease", func(ctx context.Context) error { return lease(ctx, nil, 0) })
 	}
 	return resp, out, err
 }
 
-// readDecide answers a request that did not get the lease from the durable
-// row. With no row, the lease is either a holder's that has not claimed yet
-// or one left behind by a key released or expired since: the durable claim
-// tells them apart, so this request claims (without a lease) and either
-// runs or, losing to the holder, is told 409.
-func (g *Guard) readDecide(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
-	sctx := new(bounded)
+// answerFromLease answers a request that did not get the lease from the
+// state the lease holds, or from the row when the state cannot tell: an
+// unverified state under another fingerprint, an answer too large to copy,
+// or an in-progress state older than staleLease, which may have outlived
+// its answer (a copy lost, a key answered by an instance without Redis).
+func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, held []byte, age time.Duration) (Response, Outcome, error) {
+	st, ok := decodeLease(held)
+	inProgress := st.kind == leaseClaiming || st.kind == leaseRunning || st.kind == leasePending
+	switch {
+	case !ok, st.kind == leaseClaiming && st.fp != req.Fingerprint, st.kind == leaseDone && st.fp == req.Fingerprint:
+		return g.readDecide(ctx, req, work, false)
+	case st.fp != req.Fingerprint:
+		g.tel.add(ctx, evLeaseAnswered)
+		g.tel.add(ctx, evKeyReused)
+		return Response{}, OutcomeKeyReused, ErrKeyReused
+	case st.kind == leaseAnswer:
+		g.tel.add(ctx, evLeaseAnswered)
+		g.tel.add(ctx, evReplayed)
+		return st.resp, OutcomeReplayed, nil
+	case inProgress && age > staleLease:
+		return g.readDecide(ctx, req, work, true)
+	}
+	g.tel.add(ctx, evLeaseAnswered)
+	g.tel.add(ctx, evInProgress)
+	if st.kind == leasePending {
+		return Response{}, OutcomeInProgress, ErrPending
+	}
+	return Response{}, OutcomeInProgress, ErrInProgress
+}
+
+// staleLease is the age past which an in-progress state of the lease is
+// checked against the row before it refuses a request: it bounds how long a
+// lost copy, or a key answered without Redis, is refused with 409 after its
+// answer is known, at the price of one read per retry of a key that runs
+// longer than this.
+const staleLease = 5 * time.Second
+
+// readDecide answers a request from the durable row when the lease cannot.
+// With no row, the lease is a holder's that has not claimed yet, or one left
+// behind by a key released since: the durable claim tells them apart, so this
+// request claims (without a lease) and either runs or, losing to the holder,
+// is told 409. refresh puts an answer found in the row into the lease, for a
+// lease whose state was stale.
+func (g *Guard) readDecide(ctx context.Context, req Request, work Work, refresh bool) (Response, Outcome, error) {
+	sctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
 	t0 := time.Now()
-	sctx.start(ctx, t0.Add(g.storeTimeout))
 	rec, err := g.store.Get(sctx, req.Scope, req.Key)
-	sctx.end()
+	cancel()
 	g.tel.since(ctx, phaseRead, t0)
 	switch {
 	case err == nil:
-		return g.decide(ctx, req, rec)
+		if refresh && rec.Answer != nil {
+			g.copyAnswer(ctx, req, rec.Fingerprint, *rec.Answer, t0.Add(rec.TTL))
+		}
+		return g.decide(ctx, req, rec, t0)
 	case errors.Is(err, durable.ErrNotFound):
 		return g.claimAndRun(ctx, req, work, nil)
 	}
 	return g.storeFailed(ctx, req, "read", err)
 }
 
-// releaseLease gives the lease back; a failure only delays retries until the
-// lease's TTL, so it is logged and not reported.
-func (g *Guard) releaseLease(ctx context.Context, req Request, release func(context.Context) error) {
-	rctx := g.storeContext(ctx)
-	defer rctx.end()
-	t0 := g.tel.start()
-	err := release(rctx)
-	g.tel.since(ctx, phaseRelease, t0)
-	if err != nil {
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: releasing lease failed; retries read the row until it expires",
-			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+// leaseFromRow replaces the lease of a request whose claim found a row with
+// what the row says, so that the next requests are answered as the row
+// would answer them: its answer, or that it is in progress (pending when
+// pending is true) under its own fingerprint. read is when the statement
+// that returned rec was sent.
+func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, rec durable.Record, pending bool, read time.Time) {
+	if rec.Answer == nil {
+		kind := leaseRunning
+		if pending {
+			kind = leasePending
+		}
+		g.leaseWrite(ctx, req, "replace lease", func(ctx context.Context) error {
+			return lease(ctx, encodeLease(kind, rec.Fingerprint), 0)
+		})
+		return
 	}
+	g.copyAnswer(ctx, req, rec.Fingerprint, *rec.Answer, read.Add(rec.TTL))
+}
+
+// copyAnswer puts the committed answer of a key in its lease, for at most
+// leaseAnswerTTL and never past expires, the key's expiry in the store
+// counted on the local monotonic clock (see durable.Record.TTL).
+func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a durable.Answer, expires time.Time) {
+	ttl := min(time.Until(expires), leaseAnswerTTL)
+	if ttl < time.Millisecond || g.redis.down() {
+		return
+	}
+	state := encodeAnswerLease(fp, a)
+	g.leaseWrite(ctx, req, "copy answer", func(ctx context.Context) error {
+		return g.lock.Set(ctx, req.Scope, req.Key, state, ttl)
+	})
+}
+
+// dropLease deletes the lease of a key that was released, whoever holds it:
+// "nothing happened" must not be answered 409 from a stale state.
+func (g *Guard) dropLease(ctx context.Context, req Request) {
+	if g.redis.down() {
+		return
+	}
+	g.leaseWrite(ctx, req, "delete lease", func(ctx context.Context) error {
+		return g.lock.Delete(ctx, req.Scope, req.Key)
+	})
+}
+
+// leaseWrite runs a write to the lease service on behalf of a request that
+// may already have been cancelled. A failure only sends the key's next
+// requests to PostgreSQL, or has them refused until the lease's TTL, so it
+// is logged and not reported.
+func (g *Guard) leaseWrite(ctx context.Context, req Request, op string, write func(context.Context) error) {
+	t0 := g.tel.start()
+	err := write(context.WithoutCancel(ctx))
+	g.tel.since(ctx, phaseLease, t0)
+	if err != nil {
+		g.redisFailed(ctx, req, op, err)
+		return
+	}
+	g.redis.ok()
+}
+
+func (g *Guard) redisFailed(ctx context.Context, req Request, op string, err error) {
+	g.redis.fail()
+	g.log.LogAttrs(ctx, slog.LevelWarn, "idem: lease service unavailable, falling back to the table claim for a second",
+		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+}
+
+// leaseFunc replaces the state of a held lease (0 keeps its TTL), or deletes
+// it when state is nil: see Locker.
+type leaseFunc = func(ctx context.Context, state []byte, ttl time.Duration) error
+
+// redisCooldown is how long the hybrid leaves Redis alone after a failure.
+const redisCooldown = time.Second
+
+// redisBreaker remembers a recent failure of the lease service. Closed (zero)
+// it lets every call through; open, it refuses calls until the cooldown
+// ends, then lets one call through as a probe, whose success closes it.
+type redisBreaker struct {
+	openUntil atomic.Int64 // nanoseconds on the monotonic clock since epoch; 0: closed
+}
+
+// epoch anchors the breaker's monotonic times.
+var epoch = time.Now()
+
+func (b *redisBreaker) fail() { b.openUntil.Store(int64(time.Since(epoch) + redisCooldown)) }
+
+func (b *redisBreaker) ok() {
+	if b.openUntil.Load() != 0 {
+		b.openUntil.Store(0)
+	}
+}
+
+// down reports whether the breaker is open, without taking the probe.
+func (b *redisBreaker) down() bool {
+	u := b.openUntil.Load()
+	return u != 0 && int64(time.Since(epoch)) < u
+}
+
+// allow reports whether a request may ask Redis: always when closed; once
+// per cooldown when open.
+func (b *redisBreaker) allow() bool {
+	u := b.openUntil.Load()
+	if u == 0 {
+		return true
+	}
+	now := int64(time.Since(epoch))
+	return now >= u && b.openUntil.CompareAndSwap(u, now+int64(redisCooldown))
 }

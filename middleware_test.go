@@ -186,6 +186,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		// key waits for reconciliation: its own problem, a longer wait.
 		_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", k504)
 		require.NoError(t, err)
+		hb.forgetLease(t, "alice", k504) // its 30 s have passed too
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
 		require.Equal(t, http.StatusConflict, a.status)
 		require.Equal(t, "30", a.header.Get("Retry-After"))

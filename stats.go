@@ -34,6 +34,7 @@ type Stats struct {
 	Waited           uint64 // requests that waited for a running key and got its outcome
 	WaitTimeouts     uint64 // requests that waited for a running key until their bound, then got 409
 	WaitsRefused     uint64 // requests refused a wait because Config.MaxWaiters already waited
+	LeaseAnswers     uint64 // hybrid: requests answered from the Redis lease, without PostgreSQL (409, 422, replay)
 }
 
 // event is something the Guard counts, in Stats and as a metric.
@@ -58,6 +59,7 @@ const (
 	evWaited
 	evWaitTimeout
 	evWaitRefused
+	evLeaseAnswered
 	numEvents
 )
 
@@ -68,21 +70,22 @@ var eventNames = [numEvents]string{
 	evFallback: "fallback", evStoreError: "store_error",
 	evDoubleExecution: "double_execution", evAnswerMismatch: "answer_mismatch", evOverrun: "overrun",
 	evCacheHit: "cache_hit", evWaited: "waited", evWaitTimeout: "wait_timeout", evWaitRefused: "wait_refused",
+	evLeaseAnswered: "lease_answered",
 }
 
 // phase is a timed step of the guard's own work.
 type phase int
 
 const (
-	phaseLock    phase = iota // Redis SET NX
-	phaseClaim                // PostgreSQL claim
-	phaseRead                 // PostgreSQL read (hybrid, lease not obtained)
-	phaseStore                // PostgreSQL write of the answer
-	phaseRelease              // Redis lease release
+	phaseLock  phase = iota // Redis SET NX
+	phaseClaim              // PostgreSQL claim
+	phaseRead               // PostgreSQL read (hybrid, lease not obtained)
+	phaseStore              // PostgreSQL write of the answer
+	phaseLease              // Redis lease write: answer copy, replace, delete
 	numPhases
 )
 
-var phaseNames = [numPhases]string{"lock", "claim", "read", "store", "release"}
+var phaseNames = [numPhases]string{"lock", "claim", "read", "store", "lease"}
 
 // telemetry holds the counters behind Stats and, when a MeterProvider is
 // configured, the OpenTelemetry instruments. Without a MeterProvider it costs
@@ -99,7 +102,7 @@ type telemetry struct {
 // Instrument names, for dashboards.
 const (
 	MetricEvents = "idem.events"         // counter; attribute "event": executed, replayed, in_progress, ...
-	MetricPhase  = "idem.phase.duration" // histogram in seconds; attribute "phase": lock, claim, read, store, release
+	MetricPhase  = "idem.phase.duration" // histogram in seconds; attribute "phase": lock, claim, read, store, lease
 )
 
 func (t *telemetry) init(mp metric.MeterProvider) error {
@@ -115,7 +118,7 @@ func (t *telemetry) init(mp metric.MeterProvider) error {
 		return err
 	}
 	t.phases, err = m.Float64Histogram(MetricPhase,
-		metric.WithDescription("Duration of the guard's own steps (lock, claim, read, store, release)."),
+		metric.WithDescription("Duration of the guard's own steps (lock, claim, read, store, lease)."),
 		metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 	if err != nil {
@@ -164,6 +167,7 @@ func (g *Guard) Stats() Stats {
 		DoubleExecutions: c[evDoubleExecution].Load(), AnswerMismatches: c[evAnswerMismatch].Load(),
 		Overruns: c[evOverrun].Load(), CacheHits: c[evCacheHit].Load(),
 		Waited: c[evWaited].Load(), WaitTimeouts: c[evWaitTimeout].Load(), WaitsRefused: c[evWaitRefused].Load(),
+		LeaseAnswers: c[evLeaseAnswered].Load(),
 	}
 }
 

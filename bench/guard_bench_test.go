@@ -109,18 +109,20 @@ var paths = []path{
 	}},
 	{"in_progress", idem.OutcomeInProgress, func(tb testing.TB, r *rig) func(int) idem.Request {
 		req := request("in-progress")
-		// Another instance runs the work: it holds the claim and, in
-		// hybrid mode, the lease.
-		if r.locker != nil {
-			if _, err := r.locker.Obtain(tb.Context(), req.Scope, req.Key); err != nil {
-				tb.Fatal(err)
-			}
-		}
-		_, _, err := r.store.Claim(tb.Context(), durable.ClaimParams{
-			Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: durable.Token{1}})
-		if err != nil {
-			tb.Fatal(err)
-		}
+		// Another request runs the work: it holds the claim and, in hybrid
+		// mode, the lease, until the benchmark ends.
+		started, finish := make(chan struct{}), make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _, _ = r.guard.Do(context.WithoutCancel(tb.Context()), req, func(context.Context) (idem.Response, error) {
+				close(started)
+				<-finish
+				return idem.Response{Status: 201}, nil
+			})
+		}()
+		<-started
+		tb.Cleanup(func() { close(finish); <-done })
 		return func(int) idem.Request { return req }
 	}},
 	{"key_reused", idem.OutcomeKeyReused, func(tb testing.TB, r *rig) func(int) idem.Request {

@@ -23,11 +23,13 @@ func TestRoundTrips(t *testing.T) {
 			"missing_key":     {0, 0},
 		},
 		target.Hybrid: {
-			"first_execution": {2, 1}, // SET NX, claim, complete; the lease is kept until its TTL
-			"replay":          {1, 1}, // SET NX refused (the lease of the first execution), get
-			"in_progress":     {1, 1}, // SET NX refused, get finds the running row
-			"key_reused":      {1, 1},
-			"expired_key":     {3, 1}, // SET NX, claim finds the expired row, takeover, complete
+			// The lease is taken (or read) with one script; once the answer
+			// is committed, a copy of it replaces the lease.
+			"first_execution": {2, 2}, // lease, claim, complete, copy
+			"replay":          {0, 1}, // the lease holds the answer's copy
+			"in_progress":     {0, 1}, // the lease says the key runs under this fingerprint
+			"key_reused":      {0, 1}, // the copy's fingerprint differs
+			"expired_key":     {3, 2}, // lease, claim finds the expired row, takeover, complete, copy
 			"missing_key":     {0, 0},
 		},
 	}

@@ -77,6 +77,19 @@ type Config struct {
 	// Defaults to false.
 	Notify bool
 
+	// SynchronousAnswers makes every answer write wait for its WAL flush
+	// before it returns, like the claim. By default an answer written as
+	// its own transaction commits asynchronously (synchronous_commit off
+	// for that one statement), which saves a flush per first execution; a
+	// PostgreSQL crash can then lose an acknowledged answer, and the key
+	// comes back in progress, waiting for reconciliation, never free to run
+	// again (docs/strategies.md, "The answer's commit"). An answer written
+	// through a caller's transaction ([Store.WithDB]) always commits with
+	// that transaction's own settings.
+	//
+	// Defaults to false.
+	SynchronousAnswers bool
+
 	// Partitions, when positive, makes [Migrate] create the table
 	// hash-partitioned on user_id (the scope) into that many partitions,
 	// named <Table>_p0, <Table>_p1, ...: every statement of a Store on one key

@@ -156,6 +156,7 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 		"inspect":         {s.sql.inspect, with(finished, s.retention)},
 		"complete":        {s.sql.complete, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
 		"complete+notify": {s.sql.completeNotify, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
+		"complete in tx":  {s.sql.completeIn, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
 		"release":         {s.sql.release, with(inProgress, owner)},
 		"release+notify":  {s.sql.releaseNotify, with(inProgress, owner, "c", "t")},
 	}

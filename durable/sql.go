@@ -7,17 +7,24 @@ import (
 
 // columns is the select list every statement that returns rows uses, in the
 // order scanRecord reads them. A row claimed before migration 0005 has no
-// intent_id: its intent is its owner_token.
+// intent_id: its intent is its owner_token. now() is the database's clock at
+// the statement, from which the Store tells how long the row still lives
+// (Record.TTL) without comparing it with any host's clock.
 const columns = `user_id, key, request_hash, owner_token, response_status,
 	response_headers, response_body, created_at, completed_at,
-	coalesce(intent_id, owner_token) AS intent_id, attempt, hold_until`
+	coalesce(intent_id, owner_token) AS intent_id, attempt, hold_until, released_at, now()`
 
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
 type statements struct {
-	claim, takeover, get, complete, release string
-	completeNotify, releaseNotify           string
-	inspect, sweepBatch                     string
+	claim, takeover, get, release string
+	releaseNotify                 string
+	inspect, sweepBatch           string
+	// complete is the answer write, as its own transaction;
+	// completeNotify announces it too. completeIn and completeInNotify are
+	// the same writes inside a caller's transaction (Store.WithDB).
+	complete, completeNotify     string
+	completeIn, completeInNotify string
 }
 
 // live is the condition under which a row is live, with the retention in
@@ -133,31 +140,19 @@ RETURNING {cols}`)),
 SELECT {cols} FROM {t}
 WHERE user_id = $1 AND key = $2 AND {live3}`),
 
-		// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body,
-		// $7 retention.
-		//
-		// The answer write is a HOT update (TestAnswerWritesAreHOT): it
-		// changes no column an index uses (migration 0003 dropped the
-		// partial index whose predicate read response_status), and
-		// fillfactor leaves room for the new version on its page.
-		// reconcile_after = NULL takes a postponed row out of the
-		// reconciler's partial index once it has its answer; on every other
-		// row it is already NULL, which PostgreSQL counts as unchanged.
-		//
-		// Every statement says "no answer yet" as response_status IS NULL,
-		// and only this one sets an answer, with its completed_at: no
-		// CHECK constraint is needed to keep the two NULL together
-		// (migration 0004 dropped them). TestPlansUseThePrimaryKey pins the
-		// plans of the writes on the primary key.
-		complete: r.Replace(`
-UPDATE {t} SET
-	response_status  = $4,
-	response_headers = $5,
-	response_body    = $6,
-	completed_at     = now(),
-	reconcile_after  = NULL
-WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND {live7}`),
+		// The answer write inside a caller's transaction (Store.WithDB),
+		// or with Config.SynchronousAnswers: see completeSQL.
+		completeIn: r.Replace(completeSQL),
+
+		// The same write as its own transaction, which it commits
+		// without waiting for the WAL flush: set_config(..., true) lasts
+		// until the end of the statement's implicit transaction, so only
+		// this commit is asynchronous. The claim that came before it was
+		// flushed: if PostgreSQL crashes before this commit reaches disk,
+		// the key is found in progress, never free (docs/strategies.md,
+		// "The answer's commit").
+		complete: r.Replace(strings.Replace(completeSQL, "\nWHERE ",
+			"\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS async\nWHERE ", 1)),
 
 		// $1 scope, $2 key, $3 owner.
 		//
@@ -197,9 +192,38 @@ WHERE (user_id, key) IN (
 	// (Config.Notify): complete's $8 and release's $4 are the channel, the
 	// next parameter the key's tag.
 	st.completeNotify = withNotify(st.complete, 8)
+	st.completeInNotify = withNotify(st.completeIn, 8)
 	st.releaseNotify = withNotify(st.release, 4)
 	return st
 }
+
+// completeSQL stores the answer of the in-progress row an owner claimed.
+//
+// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body, $7 retention.
+//
+// The answer write is a HOT update (TestAnswerWritesAreHOT): it changes no
+// column an index uses (migration 0003 dropped the partial index whose
+// predicate read response_status), and fillfactor leaves room for the new
+// version on its page. reconcile_after = NULL takes a postponed row out of the
+// reconciler's partial index once it has its answer; on every other row it is
+// already NULL, which PostgreSQL counts as unchanged.
+//
+// A row in progress never expires, so only a released one is refused by the
+// liveness check ({live7}, see live).
+//
+// Every statement says "no answer yet" as response_status IS NULL, and only
+// this one sets an answer, with its completed_at: no CHECK constraint is
+// needed to keep the two NULL together (migration 0004 dropped them).
+// TestPlansUseThePrimaryKey pins the plans of the writes on the primary key.
+const completeSQL = `
+UPDATE {t} SET
+	response_status  = $4,
+	response_headers = $5,
+	response_body    = $6,
+	completed_at     = now(),
+	reconcile_after  = NULL
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND {live7}`
 
 // withNotify wraps a write of one row so that, when it changed the row, it
 // also pg_notify's parameter $n (the channel) with $n+1 (the payload).

@@ -36,6 +36,7 @@ type Store struct {
 	retention int64  // cfg.Retention in microseconds
 	sql       *statements
 	channel   string // the table's notification channel (Config.Notify, Listener)
+	joined    bool   // db is the caller's (WithDB): its transaction is never changed
 }
 
 // New returns a Store that runs its statements through db. A nil cfg gives
@@ -64,9 +65,14 @@ func New(db DB, cfg *Config) (*Store, error) {
 // through db, for example a pgx.Tx: a Complete through it is then committed
 // or rolled back with the caller's own writes. s is not changed. db must not
 // be nil.
+//
+// A Complete through a Store returned by WithDB commits when db's transaction
+// does, with db's own synchronous_commit: it never changes the settings of
+// the caller's transaction.
 func (s *Store) WithDB(db DB) *Store {
 	c := *s
 	c.db = db
+	c.joined = true
 	return &c
 }
 
@@ -158,7 +164,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 	}
 	for range claimAttempts {
 		var claimed, takeable bool
-		rec, err = scanRecord(s.db.QueryRow(ctx, s.sql.claim,
+		rec, err = s.scanRecord(s.db.QueryRow(ctx, s.sql.claim,
 			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold), &claimed, &takeable)
 		switch {
 		case err == nil && !takeable:
@@ -166,7 +172,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 		case err == nil:
 			// The key's row has expired (this request is a new intent) or
 			// was released (this request is the intent's next attempt).
-			rec, err = scanRecord(s.db.QueryRow(ctx, s.sql.takeover,
+			rec, err = s.scanRecord(s.db.QueryRow(ctx, s.sql.takeover,
 				p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold))
 			if err == nil {
 				return rec, true, nil
@@ -202,7 +208,7 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) 
 	if err := checkKey(op, scope, key); err != nil {
 		return Record{}, err
 	}
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.get, scope, key, s.retention))
+	rec, err := s.scanRecord(s.db.QueryRow(ctx, s.sql.get, scope, key, s.retention))
 	if err != nil {
 		return Record{}, translate(op, err)
 	}
@@ -214,6 +220,13 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) 
 // nothing was updated, one more statement tells why: ErrNotFound (no live
 // row), ErrNotOwner (the row belongs to another owner, finished or not) or
 // ErrCompleted (the owner's row already has another answer).
+//
+// Unless Config.SynchronousAnswers is set, a Complete that is its own
+// transaction (not through [Store.WithDB]) returns once its commit is in
+// PostgreSQL's memory, before the WAL flush: a crash of PostgreSQL within
+// about three times wal_writer_delay (200 ms by default) can lose an
+// acknowledged answer. The claim is never asynchronous, so such a key comes
+// back in progress, waiting for reconciliation, and its work is not run again.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose
@@ -228,12 +241,16 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 	if err != nil {
 		return err
 	}
+	write, writeNotify := s.sql.complete, s.sql.completeNotify
+	if s.joined || s.cfg.SynchronousAnswers {
+		write, writeNotify = s.sql.completeIn, s.sql.completeInNotify
+	}
 	var tag pgconn.CommandTag
 	if s.cfg.Notify {
-		tag, err = s.db.Exec(ctx, s.sql.completeNotify, scope, key, owner[:], status, headers, body, s.retention,
+		tag, err = s.db.Exec(ctx, writeNotify, scope, key, owner[:], status, headers, body, s.retention,
 			s.channel, keyTag(scope, key))
 	} else {
-		tag, err = s.db.Exec(ctx, s.sql.complete, scope, key, owner[:], status, headers, body, s.retention)
+		tag, err = s.db.Exec(ctx, write, scope, key, owner[:], status, headers, body, s.retention)
 	}
 	if err != nil {
 		return translate(op, err)
@@ -372,7 +389,7 @@ func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err 
 }
 
 // scanRecord reads a row selected with columns, followed by extra.
-func scanRecord(row pgx.Row, extra ...any) (Record, error) {
+func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
 	var (
 		rec                 Record
 		hash, owner, intent []byte
@@ -381,12 +398,25 @@ func scanRecord(row pgx.Row, extra ...any) (Record, error) {
 		body                []byte
 		completedAt         *time.Time
 		holdUntil           *time.Time
+		releasedAt          *time.Time
 		attempt             int32
+		dbNow               time.Time
 	)
 	dest := append([]any{&rec.Scope, &rec.Key, &hash, &owner, &status,
-		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &holdUntil}, extra...)
+		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &holdUntil, &releasedAt, &dbNow}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Record{}, err
+	}
+	// A row lives Retention after its answer; a row in progress never
+	// expires, and its answer, written later, will live at least as long
+	// as Retention from now.
+	rec.TTL = s.cfg.Retention
+	switch {
+	case completedAt != nil:
+		rec.TTL = completedAt.Add(s.cfg.Retention).Sub(dbNow)
+	case releasedAt != nil:
+		rec.TTL = releasedAt.Add(s.cfg.Retention).Sub(dbNow)
+		rec.ReleasedAt = *releasedAt
 	}
 	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) || len(intent) != len(rec.Intent) {
 		return Record{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",

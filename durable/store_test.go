@@ -39,7 +39,7 @@ func TestClaim(t *testing.T) {
 		rec, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "b"))
 		require.NoError(t, err)
 		require.False(t, claimed)
-		require.Equal(t, first, rec)
+		require.Equal(t, row(first), row(rec))
 		require.Equal(t, fingerprint("a"), rec.Fingerprint)
 	})
 
@@ -160,7 +160,7 @@ func TestClaimRace(t *testing.T) {
 	}
 	require.NotEqual(t, -1, winner, "no claim won")
 	for i := range n {
-		require.Equal(t, records[winner], records[i])
+		require.Equal(t, row(records[winner]), row(records[i]))
 	}
 	require.Equal(t, 1, b.count(t))
 }
@@ -206,7 +206,7 @@ func TestGet(t *testing.T) {
 
 	rec, err := b.store.Get(b.ctx, "user-1", "key-1")
 	require.NoError(t, err)
-	require.Equal(t, claimedRec, rec)
+	require.Equal(t, row(claimedRec), row(rec))
 
 	_, err = b.store.Get(b.ctx, "user-1", "other")
 	require.ErrorIs(t, err, durable.ErrNotFound)
@@ -387,7 +387,7 @@ func TestComplete(t *testing.T) {
 
 			after, afterErr := b.store.Get(b.ctx, p.Scope, p.Key)
 			require.Equal(t, beforeErr, afterErr)
-			require.Equal(t, before, after, "nothing written")
+			require.Equal(t, row(before), row(after), "nothing written")
 		})
 	}
 
@@ -679,4 +679,33 @@ func TestContextErrors(t *testing.T) {
 	defer cancel()
 	_, err = b.store.Get(ctx, "user-1", "key-1")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// row is rec without its TTL, which each read measures anew: two reads of an
+// unchanged row differ only in it.
+func row(rec durable.Record) durable.Record {
+	rec.TTL = 0
+	return rec
+}
+
+// Every record tells how long its row still lives, on the database's clock:
+// the retention at the claim, less the row's age on every later read.
+func TestRecordTTL(t *testing.T) {
+	b := setup(t, &durable.Config{Retention: time.Hour})
+	p := params(t, "user-1", "key-1", "a")
+	rec := b.claim(t, p)
+	require.LessOrEqual(t, rec.TTL, time.Hour)
+	require.Greater(t, rec.TTL, time.Hour-time.Minute)
+
+	b.age(t, p.Scope, p.Key, "40 minutes")
+	got, err := b.store.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.LessOrEqual(t, got.TTL, 20*time.Minute)
+	require.Greater(t, got.TTL, 19*time.Minute)
+
+	lost, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
+	require.NoError(t, err)
+	require.False(t, claimed)
+	require.LessOrEqual(t, lost.TTL, 20*time.Minute)
+	require.Greater(t, lost.TTL, 19*time.Minute)
 }

@@ -89,6 +89,18 @@ type Record struct {
 	// rows claimed before migration 0005.
 	HoldUntil   time.Time
 	CompletedAt time.Time // zero while in progress
+	// ReleasedAt is when the current attempt was released (nothing
+	// happened); zero otherwise. Only Claim returns a released row: to a
+	// claim with another fingerprint, which is refused.
+	ReleasedAt time.Time
+	// TTL is how long the row still lived when the statement that
+	// returned it ran, as the database's clock counts it: Retention after
+	// its answer; for a row in progress, which never expires, Retention
+	// (the least its answer, written later, will live). A caller that
+	// keeps a copy of the row counts it down on its own monotonic clock
+	// from before it sent the statement, never comparing host clocks
+	// with the database's.
+	TTL time.Duration
 }
 
 // InProgress reports whether the row has no answer yet.

@@ -151,12 +151,12 @@ func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Reco
 	case !r.releasedAt.IsZero() && r.fp == p.Fingerprint:
 		r.attempt++ // the next attempt of the same intent
 	default:
-		rec, err := r.record(k)
+		rec, err := s.record(r, k, now)
 		return rec, false, err
 	}
 	r.owner, r.answer, r.createdAt, r.holdUntil = p.Owner, nil, now, now.Add(p.Hold)
 	r.completedAt, r.releasedAt = time.Time{}, time.Time{}
-	rec, err := r.record(k)
+	rec, err := s.record(r, k, now)
 	return rec, true, err
 }
 
@@ -171,10 +171,11 @@ func (s *MemStore) Get(_ context.Context, scope, key string) (durable.Record, er
 	defer s.mu.Unlock()
 	k := memKey{scope, key}
 	r, ok := s.rows[k]
-	if !ok || !s.live(r, s.clock()) {
+	now := s.clock()
+	if !ok || !s.live(r, now) {
 		return durable.Record{}, notFound(op)
 	}
-	return r.record(k)
+	return s.record(r, k, now)
 }
 
 // Complete stores a as the answer of the in-progress row that owner claimed,
@@ -309,8 +310,9 @@ func (s *MemStore) inProgress(op string, k memKey, owner durable.Token, now time
 	return r, nil
 }
 
-// record returns a copy of r that shares nothing with the store.
-func (r *memRow) record(k memKey) (durable.Record, error) {
+// record returns a copy of r, read at now, that shares nothing with the
+// store.
+func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, error) {
 	rec := durable.Record{
 		Scope:       k.scope,
 		Key:         k.key,
@@ -321,6 +323,13 @@ func (r *memRow) record(k memKey) (durable.Record, error) {
 		CreatedAt:   r.createdAt,
 		HoldUntil:   r.holdUntil,
 		CompletedAt: r.completedAt,
+		ReleasedAt:  r.releasedAt,
+		TTL:         s.retention, // in progress: never expires
+	}
+	if !r.completedAt.IsZero() {
+		rec.TTL = r.completedAt.Add(s.retention).Sub(now)
+	} else if !r.releasedAt.IsZero() {
+		rec.TTL = r.releasedAt.Add(s.retention).Sub(now)
 	}
 	if r.answer != nil {
 		a, err := r.answer.decode()

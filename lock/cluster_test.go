@@ -66,7 +66,7 @@ func TestCluster(t *testing.T) {
 		perMaster := map[*tempserver.Redis]int{}
 		for i := range leases {
 			scope, key := "user-every", fmt.Sprint("key-", i)
-			lease, err := l.Obtain(ctx, scope, key)
+			lease, _, err := l.Obtain(ctx, scope, key, nil)
 			require.NoError(t, err)
 			leases[i] = lease
 			m, err := cl.MasterOf(ctx, lease.Key())
@@ -74,7 +74,7 @@ func TestCluster(t *testing.T) {
 			perMaster[m]++
 			// The lease is on the master of its slot, holding its token.
 			require.Equal(t, lease.Token(), direct[m].Get(ctx, lease.Key()).Val())
-			_, err = l.Obtain(ctx, scope, key)
+			_, _, err = l.Obtain(ctx, scope, key, nil)
 			require.ErrorIs(t, err, lock.ErrNotObtained)
 		}
 		require.Len(t, perMaster, 3, "leases on every master: %v", perMaster)
@@ -94,7 +94,7 @@ func TestCluster(t *testing.T) {
 			require.ErrorIs(t, lease.Refresh(ctx, time.Second), lock.ErrNotHeld)
 			_, err = lease.TTL(ctx)
 			require.ErrorIs(t, err, lock.ErrNotHeld)
-			again, err := l.Obtain(ctx, "user-every", fmt.Sprint("key-", i))
+			again, _, err := l.Obtain(ctx, "user-every", fmt.Sprint("key-", i), nil)
 			require.NoError(t, err)
 			// The old lease cannot touch the new holder's.
 			require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
@@ -115,7 +115,7 @@ func TestCluster(t *testing.T) {
 			for range n {
 				wg.Go(func() {
 					<-start
-					_, err := l.Obtain(ctx, in[0], in[1])
+					_, _, err := l.Obtain(ctx, in[0], in[1], nil)
 					switch {
 					case err == nil:
 						won.Add(1)
@@ -149,7 +149,7 @@ func TestCluster(t *testing.T) {
 		obtainAll := func(ins [][2]string) []*lock.Lease {
 			out := make([]*lock.Lease, len(ins))
 			for i, in := range ins {
-				lease, err := l.Obtain(ctx, in[0], in[1])
+				lease, _, err := l.Obtain(ctx, in[0], in[1], nil)
 				require.NoError(t, err)
 				out[i] = lease
 			}
@@ -170,7 +170,7 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, victim.Kill())
 		killed := time.Now()
 		begin := time.Now()
-		_, err = l.Obtain(ctx, down[0], down[1])
+		_, _, err = l.Obtain(ctx, down[0], down[1], nil)
 		require.ErrorIs(t, err, lock.ErrUnavailable)
 		require.NotErrorIs(t, err, lock.ErrNotObtained)
 		require.Less(t, time.Since(begin), time.Second, "bounded by the lock's Timeout")
@@ -185,7 +185,7 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, resume(ctx))
 		var back time.Duration
 		require.Eventually(t, func() bool {
-			lease, err := l.Obtain(ctx, probe[0], probe[1])
+			lease, _, err := l.Obtain(ctx, probe[0], probe[1], nil)
 			if err != nil {
 				return false
 			}
@@ -205,7 +205,7 @@ func TestCluster(t *testing.T) {
 		for i, lease := range lost {
 			_, err := lease.TTL(ctx)
 			require.ErrorIs(t, err, lock.ErrNotHeld, "acknowledged, never replicated: lost")
-			again, err := l.Obtain(ctx, lostIns[i][0], lostIns[i][1])
+			again, _, err := l.Obtain(ctx, lostIns[i][0], lostIns[i][1], nil)
 			require.NoError(t, err, "a new holder takes the lost lease's key")
 			require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld, "and the old holder cannot release it")
 			require.NoError(t, again.Release(ctx))

@@ -28,11 +28,11 @@ func ExampleLocker_Obtain() {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	lease, err := locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+	lease, _, err := locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, err = locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+	_, _, err = locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324", nil)
 	fmt.Println("second caller:", errors.Is(err, lock.ErrNotObtained))
 
 	ttl, _ := lease.TTL(ctx)

@@ -1,11 +1,17 @@
-// Package lock is idem's Redis lease: a short-lived, owner-checked marker that
-// says "a request with this idempotency key is running right now".
+// Package lock is idem's Redis lease: a short-lived, owner-checked record of
+// what is known about one idempotency key, so that requests that must not run
+// can be answered at Redis speed.
 //
-// A lease is taken with one command, SET <key> <token> NX EX <ttl>. The value is
-// a random owner token, so that releasing and refreshing are compare-and-act
-// Lua scripts (embedded from the .lua files of this package): nobody can
-// delete or extend a lease they do not hold, even after theirs has expired and
-// another caller has taken the key.
+// The value of a lease is a random owner token followed by a state: opaque
+// bytes that the caller chooses (idem stores "running with this fingerprint"
+// and, once the answer is committed, a copy of it). [Locker.Obtain] takes a
+// free key or, in the same round trip, returns the state it holds: a Lua
+// script that does what SET <key> <value> NX PX <ttl> does, or GETs. Replacing,
+// releasing and refreshing are compare-and-act Lua scripts (embedded from the
+// .lua files of this package) that check the token: nobody can change a lease
+// they do not hold, even after theirs has expired and another caller has taken
+// the key. [Locker.Set] and [Locker.Delete] act whoever holds the key, for a
+// caller that knows the key's state from elsewhere.
 //
 // The Redis key is derived from (scope, key) through SHA-256, so that any two
 // different intents get different Redis keys whatever bytes their scope and key
@@ -46,13 +52,16 @@ var (
 	// longer owns the key.
 	ErrNotHeld = errors.New("lock: not held")
 	// ErrUnavailable means Redis could not answer (connection refused or
-	// reset, timeout, error reply). The cause is joined to it.
+	// reset, timeout, error reply). The error that wraps it wraps the cause
+	// too.
 	ErrUnavailable = errors.New("lock: redis unavailable")
 )
 
 var (
-	//go:embed release.lua
-	releaseSrc string
+	//go:embed obtain.lua
+	obtainSrc string
+	//go:embed replace.lua
+	replaceSrc string
 	//go:embed refresh.lua
 	refreshSrc string
 	//go:embed ttl.lua
@@ -66,8 +75,7 @@ type Config struct {
 	Prefix string
 	// TTL is how long a lease lives unless refreshed. Redis expires it after
 	// that, so a crashed holder frees the key by itself. Must be a whole
-	// number of seconds of at least 1s, so that acquisition is exactly
-	// SET NX EX. Defaults to 30s.
+	// number of seconds of at least 1s. Defaults to 30s.
 	TTL time.Duration
 	// Timeout bounds each Redis call when the caller's context has no earlier
 	// deadline, so that a stalled Redis (or a client whose pool is
@@ -117,7 +125,8 @@ func (c Config) validate() error {
 type Locker struct {
 	client  redis.UniversalClient
 	cfg     Config
-	release *redis.Script
+	obtain  *redis.Script
+	replace *redis.Script
 	refresh *redis.Script
 	ttl     *redis.Script
 }
@@ -146,7 +155,8 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	return &Locker{
 		client:  client,
 		cfg:     c,
-		release: redis.NewScript(releaseSrc),
+		obtain:  redis.NewScript(obtainSrc),
+		replace: redis.NewScript(replaceSrc),
 		refresh: redis.NewScript(refreshSrc),
 		ttl:     redis.NewScript(ttlSrc),
 	}, nil
@@ -171,24 +181,76 @@ func (l *Locker) Key(scope, key string) string {
 	return l.cfg.Prefix + "{" + base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])) + "}"
 }
 
-// Obtain takes the lease of (scope, key) with one SET NX EX command. It never
-// waits for a held lease: the caller decides what a busy key means.
+// Obtain takes the lease of (scope, key) with state as its value, in one
+// round trip, and never waits for a held lease: the caller decides what a busy
+// key means. When another caller holds the key, Obtain returns the state that
+// caller wrote (nil for a lease written without state) and ErrNotObtained.
 //
-// Errors: ErrNotObtained when another caller holds it; ErrUnavailable (joined
-// with the cause) when Redis did not answer within the Timeout; the context's
-// own error when ctx ended first.
-func (l *Locker) Obtain(ctx context.Context, scope, key string) (*Lease, error) {
+// Errors: ErrNotObtained when the key is held; ErrUnavailable (wrapped with
+// the cause) when Redis did not answer within the Timeout; the context's own
+// error when ctx ended first.
+func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*Lease, []byte, error) {
+	lease, held, _, err := l.obtainOrRead(ctx, scope, key, state)
+	return lease, held, err
+}
+
+// obtainOrRead is Obtain that also returns, for a held key, how long ago its
+// lease was taken or last given a TTL of the Locker's (Config.TTL less the
+// remaining TTL; 0 for a value written with a longer TTL by Set).
+func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []byte) (*Lease, []byte, time.Duration, error) {
 	lease := &Lease{locker: l, key: l.Key(scope, key), token: rand.Text()}
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
-	ok, err := l.client.SetNX(cctx, lease.key, lease.token, l.cfg.TTL).Result()
-	if err != nil {
-		return nil, l.wrap(ctx, "obtain", err)
+	reply, err := l.obtain.Run(cctx, l.client, []string{lease.key}, lease.value(state), l.cfg.TTL.Milliseconds()).Slice()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return lease, nil, 0, nil
+	case err != nil:
+		return nil, nil, 0, l.wrap(ctx, "obtain", err)
 	}
-	if !ok {
-		return nil, ErrNotObtained
+	held, _ := reply[0].(string)
+	pttl, _ := reply[1].(int64)
+	age := max(l.cfg.TTL-time.Duration(pttl)*time.Millisecond, 0)
+	return nil, stateOf(held), age, ErrNotObtained
+}
+
+// tokenLen is the length of an owner token (crypto/rand.Text).
+var tokenLen = len(rand.Text())
+
+// stateOf returns the state part of a lease's value.
+func stateOf(v string) []byte {
+	if len(v) <= tokenLen {
+		return nil
 	}
-	return lease, nil
+	return []byte(v[tokenLen:])
+}
+
+// Set writes state as the value of (scope, key) for ttl (millisecond
+// precision), whoever holds it: the key then holds a lease nobody owns, which
+// expires after ttl. It is for a caller that knows the key's state from a
+// source of truth (idem writes the copy of an answer stored in PostgreSQL).
+func (l *Locker) Set(ctx context.Context, scope, key string, state []byte, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("lock: set: ttl %v below 1ms", ttl)
+	}
+	cctx, cancel := l.callCtx(ctx)
+	defer cancel()
+	v := (&Lease{token: rand.Text()}).value(state)
+	if err := l.client.Set(cctx, l.Key(scope, key), v, ttl).Err(); err != nil {
+		return l.wrap(ctx, "set", err)
+	}
+	return nil
+}
+
+// Delete removes the lease of (scope, key), whoever holds it. Deleting a key
+// that holds no lease is not an error.
+func (l *Locker) Delete(ctx context.Context, scope, key string) error {
+	cctx, cancel := l.callCtx(ctx)
+	defer cancel()
+	if err := l.client.Del(cctx, l.Key(scope, key)).Err(); err != nil {
+		return l.wrap(ctx, "delete", err)
+	}
+	return nil
 }
 
 // honoursDeadlines reports whether client applies context deadlines to its
@@ -203,27 +265,37 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 	return true
 }
 
-// TryLock is Obtain in the shape idem.Config.Lock takes (idem.Locker): it
-// returns the lease's release function, or nil and a nil error when another
-// caller holds the lease. The release function treats a lease already gone
-// (expired or taken over) as released.
-func (l *Locker) TryLock(ctx context.Context, scope, key string) (func(context.Context) error, error) {
-	lease, err := l.Obtain(ctx, scope, key)
+// TryLock is Obtain in the shape idem.Config.Lock takes (idem.Locker). When
+// the lease is obtained, it returns a function that replaces the lease's
+// state and TTL (0 keeps the remaining life) while the caller still holds it,
+// or deletes it when given a nil state; a lease no longer held is left alone,
+// and that is not an error. When another caller holds the key, it returns the
+// state held, how long ago that lease was taken (Config.TTL less its remaining
+// TTL), and a nil function, with a nil error.
+func (l *Locker) TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(context.Context, []byte, time.Duration) error, err error) {
+	lease, held, age, err := l.obtainOrRead(ctx, scope, key, state)
 	switch {
 	case errors.Is(err, ErrNotObtained):
-		return nil, nil
+		return held, age, nil, nil
 	case err != nil:
-		return nil, err
+		return nil, 0, nil, err
 	}
-	return lease.releaseHeld, nil
+	return nil, 0, lease.replaceOrRelease, nil
 }
 
-// releaseHeld is Release with ErrNotHeld reported as success.
-func (l *Lease) releaseHeld(ctx context.Context) error {
-	if err := l.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
-		return err
+// replaceOrRelease is Replace, or Release when state is nil, with ErrNotHeld
+// reported as success.
+func (l *Lease) replaceOrRelease(ctx context.Context, state []byte, ttl time.Duration) error {
+	var err error
+	if state == nil {
+		err = l.Release(ctx)
+	} else {
+		err = l.Replace(ctx, state, ttl)
 	}
-	return nil
+	if errors.Is(err, ErrNotHeld) {
+		return nil
+	}
+	return err
 }
 
 // callCtx bounds one Redis call by the Locker's Timeout.
@@ -238,9 +310,9 @@ func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFu
 // result wraps ctx.Err() and not ErrUnavailable: Redis was not at fault.
 func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("lock: %s: %w", op, errors.Join(cerr, err))
+		return fmt.Errorf("lock: %s: %w: %w", op, cerr, err)
 	}
-	return fmt.Errorf("lock: %s: %w", op, errors.Join(ErrUnavailable, err))
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
 
 // Lease is a held lock. Its methods are safe for concurrent use. A Lease says
@@ -254,14 +326,14 @@ type Lease struct {
 // Key returns the Redis key of the lease.
 func (l *Lease) Key() string { return l.key }
 
-// Token returns the random owner token stored as the key's value.
+// Token returns the random owner token that starts the key's value.
 func (l *Lease) Token() string { return l.token }
 
 // Release deletes the key if it still holds this lease's token. It returns
 // ErrNotHeld when the lease has expired or belongs to someone else now; then
 // nothing is deleted.
 func (l *Lease) Release(ctx context.Context) error {
-	n, err := l.run(ctx, "release", l.locker.release, l.token)
+	n, err := l.run(ctx, "release", l.locker.replace, l.token, "", 0)
 	if err != nil {
 		return err
 	}
@@ -269,6 +341,30 @@ func (l *Lease) Release(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	return nil
+}
+
+// Replace sets the lease's state and its remaining life to ttl (millisecond
+// precision; 0 keeps the remaining life) if it is still held, else returns
+// ErrNotHeld and changes nothing. The lease keeps its token: its holder can
+// replace, refresh and release it again.
+func (l *Lease) Replace(ctx context.Context, state []byte, ttl time.Duration) error {
+	if ttl != 0 && ttl < time.Millisecond {
+		return fmt.Errorf("lock: replace: ttl %v below 1ms", ttl)
+	}
+	n, err := l.run(ctx, "replace", l.locker.replace, l.token, l.value(state), ttl.Milliseconds())
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// value is the Redis value of the lease holding state: its token, then the
+// state.
+func (l *Lease) value(state []byte) string {
+	return l.token + string(state)
 }
 
 // Refresh sets the lease's remaining life to ttl (millisecond precision) if it

@@ -52,7 +52,7 @@ func TestObtainReleaseRefresh(t *testing.T) {
 		l, err := lock.New(c, cfg)
 		require.NoError(t, err)
 
-		lease, err := l.Obtain(ctx, "user-1", "k1")
+		lease, _, err := l.Obtain(ctx, "user-1", "k1", nil)
 		require.NoError(t, err)
 		require.Equal(t, l.Key("user-1", "k1"), lease.Key())
 
@@ -65,11 +65,11 @@ func TestObtainReleaseRefresh(t *testing.T) {
 		require.NoError(t, err)
 		require.InDelta(t, (30 * time.Second).Seconds(), ttl.Seconds(), 1)
 
-		_, err = l.Obtain(ctx, "user-1", "k1")
+		_, _, err = l.Obtain(ctx, "user-1", "k1", nil)
 		require.ErrorIs(t, err, lock.ErrNotObtained)
 
 		// Same key, another scope: a different intent.
-		other, err := l.Obtain(ctx, "user-2", "k1")
+		other, _, err := l.Obtain(ctx, "user-2", "k1", nil)
 		require.NoError(t, err)
 		require.NotEqual(t, lease.Token(), other.Token())
 
@@ -84,7 +84,7 @@ func TestObtainReleaseRefresh(t *testing.T) {
 		_, err = lease.TTL(ctx)
 		require.ErrorIs(t, err, lock.ErrNotHeld)
 
-		again, err := l.Obtain(ctx, "user-1", "k1")
+		again, _, err := l.Obtain(ctx, "user-1", "k1", nil)
 		require.NoError(t, err)
 		require.NoError(t, again.Release(ctx))
 		require.NoError(t, other.Release(ctx))
@@ -103,7 +103,7 @@ func TestObtainRace(t *testing.T) {
 		for range n {
 			wg.Go(func() {
 				<-start
-				_, err := l.Obtain(context.Background(), "racer", "one-key")
+				_, _, err := l.Obtain(context.Background(), "racer", "one-key", nil)
 				switch {
 				case err == nil:
 					won.Add(1)
@@ -130,13 +130,13 @@ func TestExpiredLeaseCannotTouchNewHolder(t *testing.T) {
 	l, err := lock.New(c, &lock.Config{TTL: 10 * time.Second})
 	require.NoError(t, err)
 
-	first, err := l.Obtain(ctx, "u", "k")
+	first, _, err := l.Obtain(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	mr.FastForward(11 * time.Second)
 	_, err = first.TTL(ctx)
 	require.ErrorIs(t, err, lock.ErrNotHeld)
 
-	second, err := l.Obtain(ctx, "u", "k")
+	second, _, err := l.Obtain(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	require.ErrorIs(t, first.Release(ctx), lock.ErrNotHeld)
 	require.ErrorIs(t, first.Refresh(ctx, time.Minute), lock.ErrNotHeld)
@@ -159,11 +159,11 @@ func TestUnavailable(t *testing.T) {
 		defer c.Close()
 		l, err := lock.New(c, nil)
 		require.NoError(t, err)
-		lease, err := l.Obtain(ctx, "u", "k")
+		lease, _, err := l.Obtain(ctx, "u", "k", nil)
 		require.NoError(t, err)
 
 		mr.SetError("LOADING Redis is loading the dataset in memory")
-		_, err = l.Obtain(ctx, "u", "k2")
+		_, _, err = l.Obtain(ctx, "u", "k2", nil)
 		require.ErrorIs(t, err, lock.ErrUnavailable)
 		require.NotErrorIs(t, err, lock.ErrNotObtained)
 		require.ErrorIs(t, lease.Release(ctx), lock.ErrUnavailable)
@@ -178,7 +178,7 @@ func TestUnavailable(t *testing.T) {
 		l, err := lock.New(c, &lock.Config{Timeout: 200 * time.Millisecond})
 		require.NoError(t, err)
 		mr.Close()
-		_, err = l.Obtain(ctx, "u", "k")
+		_, _, err = l.Obtain(ctx, "u", "k", nil)
 		require.ErrorIs(t, err, lock.ErrUnavailable)
 	})
 	t.Run("caller cancelled", func(t *testing.T) {
@@ -189,7 +189,7 @@ func TestUnavailable(t *testing.T) {
 		require.NoError(t, err)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err = l.Obtain(cctx, "u", "k")
+		_, _, err = l.Obtain(cctx, "u", "k", nil)
 		require.ErrorIs(t, err, context.Canceled)
 		require.NotErrorIs(t, err, lock.ErrUnavailable, "the caller gave up; Redis was not at fault")
 	})
@@ -244,4 +244,108 @@ func TestConfigValidation(t *testing.T) {
 	l, err := lock.New(c, nil)
 	require.NoError(t, err)
 	require.Equal(t, 30*time.Second, l.TTL())
+}
+
+// The state written with a lease is what a refused caller reads back, in the
+// same round trip; only the holder can replace or delete it, and Set and
+// Delete act whoever holds the key.
+func TestLeaseState(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient, cfg *lock.Config) {
+		ctx := context.Background()
+		l, err := lock.New(c, cfg)
+		require.NoError(t, err)
+		running := []byte("running\x00\xff binary-safe")
+
+		lease, held, err := l.Obtain(ctx, "u", "k", running)
+		require.NoError(t, err)
+		require.Nil(t, held)
+
+		other, held, err := l.Obtain(ctx, "u", "k", []byte("other"))
+		require.ErrorIs(t, err, lock.ErrNotObtained)
+		require.Nil(t, other)
+		require.Equal(t, running, held, "a refused caller reads the holder's state")
+
+		// The holder replaces the state; the lease keeps its token.
+		require.NoError(t, lease.Replace(ctx, []byte("answer"), 5*time.Second))
+		_, held, err = l.Obtain(ctx, "u", "k", nil)
+		require.ErrorIs(t, err, lock.ErrNotObtained)
+		require.Equal(t, []byte("answer"), held)
+		ttl, err := lease.TTL(ctx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, ttl, 5*time.Second)
+		require.Greater(t, ttl, 3*time.Second)
+
+		// Set overwrites whoever holds the key; the old holder can then
+		// neither replace nor release it.
+		require.NoError(t, l.Set(ctx, "u", "k", []byte("copy"), time.Minute))
+		require.ErrorIs(t, lease.Replace(ctx, []byte("stale"), time.Minute), lock.ErrNotHeld)
+		require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
+		_, held, err = l.Obtain(ctx, "u", "k", nil)
+		require.ErrorIs(t, err, lock.ErrNotObtained)
+		require.Equal(t, []byte("copy"), held)
+
+		// Delete frees the key for the next Obtain.
+		require.NoError(t, l.Delete(ctx, "u", "k"))
+		require.NoError(t, l.Delete(ctx, "u", "k"), "deleting a free key is not an error")
+		again, held, err := l.Obtain(ctx, "u", "k", nil)
+		require.NoError(t, err)
+		require.Nil(t, held)
+
+		// TryLock's function replaces while held and deletes on nil.
+		require.NoError(t, again.Release(ctx))
+		held, _, replace, err := l.TryLock(ctx, "u", "k", []byte("a"))
+		require.NoError(t, err)
+		require.Nil(t, held)
+		require.NotNil(t, replace)
+		held, age, refused, err := l.TryLock(ctx, "u", "k", []byte("b"))
+		require.NoError(t, err)
+		require.Nil(t, refused)
+		require.Equal(t, []byte("a"), held)
+		require.GreaterOrEqual(t, age, time.Duration(0))
+		require.Less(t, age, 5*time.Second, "the lease was just taken")
+		require.NoError(t, replace(ctx, []byte("c"), time.Minute))
+		held, _, _, err = l.TryLock(ctx, "u", "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, []byte("c"), held)
+		require.NoError(t, replace(ctx, []byte("d"), 0), "0 keeps the remaining life")
+		left, err := c.PTTL(ctx, l.Key("u", "k")).Result()
+		require.NoError(t, err)
+		require.Greater(t, left, 50*time.Second)
+		require.LessOrEqual(t, left, time.Minute)
+		require.NoError(t, replace(ctx, nil, 0))
+		held, _, replace2, err := l.TryLock(ctx, "u", "k", nil)
+		require.NoError(t, err)
+		require.Nil(t, held)
+		require.NotNil(t, replace2, "a released key is free")
+		require.NoError(t, replace2(ctx, []byte("new holder"), time.Minute))
+		require.NoError(t, replace(ctx, []byte("late"), time.Minute), "a lease no longer held is left alone")
+		held, _, _, err = l.TryLock(ctx, "u", "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, []byte("new holder"), held)
+
+		require.Error(t, l.Set(ctx, "u", "k", nil, 0), "a TTL below 1ms is refused")
+	})
+}
+
+// A refused caller learns how long ago the held lease was taken, by Redis's
+// own clock.
+func TestHeldLeaseAge(t *testing.T) {
+	mr := miniredis.RunT(t)
+	l, err := lock.New(testredis.Miniredis(t, mr), nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, _, err = l.Obtain(ctx, "u", "k", []byte("s"))
+	require.NoError(t, err)
+	mr.FastForward(12 * time.Second)
+	held, age, replace, err := l.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Nil(t, replace)
+	require.Equal(t, []byte("s"), held)
+	require.Equal(t, 12*time.Second, age)
+
+	// A value Set for longer than a lease's TTL is not old.
+	require.NoError(t, l.Set(ctx, "u", "k", []byte("copy"), time.Hour))
+	_, age, _, err = l.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Zero(t, age)
 }
