@@ -24,8 +24,12 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 	t0 := time.Now()
 	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
 	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
+		// No Intent: a new key's intent is its first owner token, which
+		// keeps the row as narrow as before (the store writes no intent
+		// then); every later attempt gets an owner token of its own and
+		// keeps the intent.
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: x.owner,
-		Intent: newToken(), Hold: g.MaxHold(),
+		Hold: g.MaxHold(),
 	})
 	now := time.Now()
 	x.claimBound.endAt(now)

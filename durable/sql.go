@@ -72,6 +72,11 @@ func newStatements(t string) *statements {
 		// row lock, so a row locked by a running transaction (a caller's
 		// transaction that completed its answer and has not committed yet)
 		// is seen as it was, in progress, and the claim answers at once.
+		// An intent equal to the owner token (the first attempt's, see
+		// ClaimParams.Intent) is stored as NULL: the row is no wider than
+		// before migration 0005, which keeps the answer write HOT
+		// (TestAnswerWritesAreHOT).
+		//
 		// ins inserts the row only when cur found none, so a claim of a
 		// taken key never reaches ON CONFLICT's pre-check, which would wait
 		// for that transaction. A new key costs a primary-key probe, the
@@ -93,7 +98,7 @@ WITH cur AS (
 	WHERE user_id = $1 AND key = $2
 ), ins AS (
 	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
-	SELECT $1, $2, $3, $4, $6, now() + $7::bigint * interval '1 microsecond'
+	SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
@@ -121,7 +126,7 @@ SELECT {cols}, false, takeable FROM cur`)),
 UPDATE {t} SET
 	request_hash       = $3,
 	owner_token        = $4,
-	intent_id          = CASE WHEN {expired5} THEN $6 ELSE coalesce(intent_id, owner_token) END,
+	intent_id          = CASE WHEN {expired5} THEN nullif($6::bytea, $4::bytea) ELSE coalesce(intent_id, owner_token) END,
 	attempt            = CASE WHEN {expired5} THEN 1 ELSE attempt + 1 END,
 	response_status    = NULL,
 	response_headers   = NULL,

@@ -697,15 +697,24 @@ func TestRecordTTL(t *testing.T) {
 	require.LessOrEqual(t, rec.TTL, time.Hour)
 	require.Greater(t, rec.TTL, time.Hour-time.Minute)
 
-	b.age(t, p.Scope, p.Key, "40 minutes")
+	// In progress, the row never expires: its answer will live at least the
+	// retention.
+	b.age(t, p.Scope, p.Key, "2 hours")
 	got, err := b.store.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)
-	require.LessOrEqual(t, got.TTL, 20*time.Minute)
+	require.Equal(t, time.Hour, got.TTL)
+
+	// Answered, it lives the retention from its answer.
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	b.age(t, p.Scope, p.Key, "2 hours 40 minutes") // answered about 40 minutes ago
+	got, err = b.store.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.LessOrEqual(t, got.TTL, 20*time.Minute+time.Second)
 	require.Greater(t, got.TTL, 19*time.Minute)
 
 	lost, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
 	require.NoError(t, err)
 	require.False(t, claimed)
-	require.LessOrEqual(t, lost.TTL, 20*time.Minute)
+	require.LessOrEqual(t, lost.TTL, 20*time.Minute+time.Second)
 	require.Greater(t, lost.TTL, 19*time.Minute)
 }
