@@ -56,7 +56,7 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	// 0003: fillfactor on the table, the reconciler's index and state table.
 	var opts []string
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&opts))
-	require.Equal(t, []string{"fillfactor=95"}, opts)
+	require.Equal(t, []string{"fillfactor=93"}, opts)
 	var n int
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys_reconcile`).Scan(&n))
 	require.Zero(t, n)

@@ -41,7 +41,7 @@ WHERE h.inhparent = $1::regclass ORDER BY c.relname`, table)
 	for i, p := range parts {
 		name := "idempotency_keys_p" + string(rune('0'+i))
 		require.Equal(t, name, p.Name)
-		require.Equal(t, "fillfactor=95", p.Options, p.Name)
+		require.Equal(t, "fillfactor=93", p.Options, p.Name)
 		require.Equal(t, name+"_created_at_idx,"+name+"_pkey,"+name+"_reconcile_after_idx", p.Indexes, p.Name)
 		require.Equal(t, "FOR VALUES WITH (modulus 4, remainder "+string(rune('0'+i))+")", p.Bound)
 	}

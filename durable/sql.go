@@ -12,7 +12,7 @@ import (
 // (Record.TTL) without comparing it with any host's clock.
 const columns = `user_id, key, request_hash, owner_token, response_status,
 	response_headers, response_body, created_at, completed_at,
-	coalesce(intent_id, owner_token) AS intent_id, attempt, hold_until, released_at, now()`
+	coalesce(intent_id, owner_token) AS intent_id, coalesce(attempt, 1) AS attempt, hold_until, released_at, now()`
 
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
@@ -73,9 +73,9 @@ func newStatements(t string) *statements {
 		// transaction that completed its answer and has not committed yet)
 		// is seen as it was, in progress, and the claim answers at once.
 		// An intent equal to the owner token (the first attempt's, see
-		// ClaimParams.Intent) is stored as NULL: the row is no wider than
-		// before migration 0005, which keeps the answer write HOT
-		// (TestAnswerWritesAreHOT).
+		// ClaimParams.Intent) is stored as NULL, and so is the first
+		// attempt's number: the row grows by hold_until alone, which keeps
+		// the answer write HOT (TestAnswerWritesAreHOT).
 		//
 		// ins inserts the row only when cur found none, so a claim of a
 		// taken key never reaches ON CONFLICT's pre-check, which would wait
@@ -127,7 +127,7 @@ UPDATE {t} SET
 	request_hash       = $3,
 	owner_token        = $4,
 	intent_id          = CASE WHEN {expired5} THEN nullif($6::bytea, $4::bytea) ELSE coalesce(intent_id, owner_token) END,
-	attempt            = CASE WHEN {expired5} THEN 1 ELSE attempt + 1 END,
+	attempt            = CASE WHEN {expired5} THEN NULL ELSE coalesce(attempt, 1) + 1 END,
 	response_status    = NULL,
 	response_headers   = NULL,
 	response_body      = NULL,

@@ -8,6 +8,21 @@ ALTER TABLE idempotency_keys
     DROP COLUMN IF EXISTS attempt,
     DROP COLUMN IF EXISTS intent_id;
 
+DO $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN
+        SELECT c.oid::regclass FROM pg_class c
+        WHERE c.oid = 'idempotency_keys'::regclass AND c.relkind = 'r'
+        UNION ALL
+        SELECT i.inhrelid::regclass FROM pg_inherits i
+        WHERE i.inhparent = 'idempotency_keys'::regclass
+    LOOP
+        EXECUTE format('ALTER TABLE %s SET (fillfactor = 95)', part);
+    END LOOP;
+END $$;
+
 COMMENT ON COLUMN idempotency_keys.owner_token IS
     'Random token of the worker that claimed the key; only it may complete or release the row.';
 COMMENT ON COLUMN idempotency_keys.created_at IS

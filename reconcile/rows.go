@@ -39,7 +39,7 @@ import (
 const (
 	// dueColumns is the select list of both listings; the last column says
 	// whether the row is past its own deadline.
-	dueColumns = `user_id, key, request_hash, owner_token, coalesce(intent_id, owner_token), attempt,
+	dueColumns = `user_id, key, request_hash, owner_token, coalesce(intent_id, owner_token), coalesce(attempt, 1),
 	created_at, reconcile_attempts, coalesce(hold_until <= now(), true)`
 
 	// $1 limit. The rows whose backoff (or deadline, see deferSQL) ended,
