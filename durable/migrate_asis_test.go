@@ -53,7 +53,7 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	require.Nil(t, after)
 	require.NoError(t, store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
 
-	// 0003: fillfactor on the table, the reconciler's index and state table.
+	// 0003 then 0005: fillfactor on the table, the reconciler's index and state table.
 	var opts []string
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&opts))
 	require.Equal(t, []string{"fillfactor=93"}, opts)
