@@ -279,7 +279,10 @@ func ageRow(t *testing.T, s *durable.Store, rq idem.Request, by time.Duration) {
 	t.Helper()
 	db := testdb.Pool(t)
 	tag, err := db.Exec(t.Context(),
-		`UPDATE `+s.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond' WHERE user_id = $1 AND key = $2`,
+		`UPDATE `+s.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond',
+			hold_until = hold_until - $3::bigint * interval '1 microsecond',
+			completed_at = completed_at - $3::bigint * interval '1 microsecond'
+		WHERE user_id = $1 AND key = $2`,
 		rq.Scope, rq.Key, by.Microseconds())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
