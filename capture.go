@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -14,21 +15,22 @@ import (
 // was flushed, hijacked or larger than the capture limit.
 var errNotStorable = errors.New("idem: answer streamed, hijacked or too large to store")
 
-// recorder writes the handler's answer through to the client and captures
-// what is needed to replay it.
+// recorder captures the handler's answer without sending it: the middleware
+// stores it first, then sends it (send), so that a client reads only an
+// answer every replay gets, and a slow reader cannot hold the key while its
+// answer waits to be stored. An answer the handler streams (Flush), hijacks or
+// makes larger than the capture limit is sent as it comes instead (passing),
+// and is not stored.
 type recorder struct {
 	w        http.ResponseWriter
 	allow    []string
 	max      int
 	status   int
-	header   http.Header
+	header   http.Header // the allowlisted headers, as stored
 	body     bytes.Buffer
+	passing  bool // the answer goes straight to the client: not stored
 	overflow bool
 	streamed bool
-}
-
-func newRecorder(w http.ResponseWriter, allow []string, max int) *recorder {
-	return &recorder{w: w, allow: allow, max: max}
 }
 
 func (rc *recorder) Header() http.Header { return rc.w.Header() }
@@ -43,7 +45,6 @@ func (rc *recorder) WriteHeader(code int) {
 	}
 	rc.status = code
 	rc.header = captureHeaders(rc.w.Header(), rc.allow)
-	rc.w.WriteHeader(code)
 }
 
 func (rc *recorder) Write(p []byte) (int, error) {
@@ -51,22 +52,32 @@ func (rc *recorder) Write(p []byte) (int, error) {
 		h := rc.w.Header()
 		if _, set := h["Content-Type"]; !set && len(p) > 0 {
 			// net/http would sniff the type; do it here so that the stored
-			// answer carries exactly what the client got.
+			// answer carries exactly what the client gets.
 			h.Set("Content-Type", http.DetectContentType(p))
 		}
 		rc.WriteHeader(http.StatusOK)
 	}
-	// Capture everything the handler meant to send, even if the client went
-	// away: a retry deserves the whole answer.
-	if !rc.overflow {
-		if rc.body.Len()+len(p) > rc.max {
-			rc.overflow = true
-			rc.body = bytes.Buffer{}
-		} else {
-			rc.body.Write(p)
-		}
+	if rc.passing {
+		return rc.w.Write(p)
 	}
-	return rc.w.Write(p)
+	if rc.body.Len()+len(p) > rc.max {
+		rc.overflow = true
+		rc.pass()
+		return rc.w.Write(p)
+	}
+	return rc.body.Write(p)
+}
+
+// pass sends what was captured so far and lets the rest of the answer go
+// straight to the client.
+func (rc *recorder) pass() {
+	if rc.passing {
+		return
+	}
+	rc.passing = true
+	rc.w.WriteHeader(rc.status)
+	_, _ = rc.w.Write(rc.body.Bytes())
+	rc.body = bytes.Buffer{}
 }
 
 // Flush delivers what was written so far; the answer is then streamed and is
@@ -76,12 +87,13 @@ func (rc *recorder) Flush() {
 		rc.WriteHeader(http.StatusOK)
 	}
 	rc.streamed = true
+	rc.pass()
 	_ = http.NewResponseController(rc.w).Flush()
 }
 
 // Hijack hands the connection to the handler; the answer is not stored.
 func (rc *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	rc.streamed = true
+	rc.streamed, rc.passing = true, true
 	return http.NewResponseController(rc.w).Hijack()
 }
 
@@ -95,13 +107,43 @@ func (rc *recorder) result() (Response, error) {
 		// The handler wrote nothing: net/http answers 200 with no body.
 		rc.status = http.StatusOK
 		rc.header = captureHeaders(rc.w.Header(), rc.allow)
-		rc.w.WriteHeader(http.StatusOK)
 	}
 	resp := Response{Status: rc.status, Header: rc.header, Body: rc.body.Bytes()}
 	if rc.streamed || rc.overflow {
 		return resp, errNotStorable
 	}
 	return resp, nil
+}
+
+// captured is the answer as captured, once result has run.
+func (rc *recorder) captured() Response {
+	return Response{Status: rc.status, Header: rc.header, Body: rc.body.Bytes()}
+}
+
+// send delivers the answer once the guard has decided what happens to it:
+// the handler's headers, then, when the key holds another answer than the one
+// captured (a handler that completed one answer through idem.Complete and
+// wrote another), the stored one, so that the client reads what every replay
+// gets.
+func (rc *recorder) send(stored Response) {
+	if rc.passing {
+		return
+	}
+	status, body := rc.status, rc.body.Bytes()
+	if stored.Status != 0 {
+		h := rc.w.Header()
+		for k, v := range stored.Header {
+			h[k] = v
+		}
+		status, body = stored.Status, stored.Body
+	}
+	if bodyAllowed(status) {
+		rc.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	rc.w.WriteHeader(status)
+	if bodyAllowed(status) {
+		_, _ = rc.w.Write(body)
+	}
 }
 
 // captureHeaders copies the allowlisted headers, dropping values a client

@@ -148,12 +148,18 @@ func (x *execution) finish(ctx context.Context, now time.Time, resp Response, er
 		x.g.tel.add(ctx, evPending)
 		return resp, OutcomeExecutedPending, nil
 	}
-	x.g.tel.add(ctx, evExecuted)
-	x.g.remember(x.req, resp, x.expires)
-	if x.g.lock != nil {
-		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, durable.Answer(resp), x.expires)
-	}
+	x.answered(ctx, durable.Answer(resp))
 	return resp, OutcomeExecuted, nil
+}
+
+// answered counts an answer stored on the claimed row and keeps it where
+// retries look first: the local cache and, in the hybrid, the lease.
+func (x *execution) answered(ctx context.Context, a durable.Answer) {
+	x.g.tel.add(ctx, evExecuted)
+	x.g.remember(x.req, Response(a), x.expires)
+	if x.g.lock != nil {
+		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, a, x.expires)
+	}
 }
 
 // finishJoined decides after work that called Complete: the answer counts
@@ -172,12 +178,11 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 			x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the work returned an answer other than the one it completed; retries are replayed the completed one",
 				slog.String("key_hash", keyHash(x.req)), slog.Int("completed_status", joined.Status), slog.Int("returned_status", resp.Status))
 		}
-		x.g.tel.add(ctx, evExecuted)
-		x.g.remember(x.req, Response(*rec.Answer), x.expires)
-		if x.g.lock != nil {
-			x.g.copyAnswer(ctx, x.req, rec.Fingerprint, *rec.Answer, x.expires)
-		}
-		return resp, OutcomeExecuted, err
+		x.answered(ctx, *rec.Answer)
+		// The caller gets the answer its retries get: the stored one, even
+		// when the work returned another (say a 500 after a commit whose
+		// reply was lost).
+		return Response(*rec.Answer), OutcomeExecuted, err
 	case gerr == nil && rec.Owner == x.owner:
 		// The caller's transaction rolled back.
 		if d == dispRelease {

@@ -653,7 +653,7 @@ func overlapped(in *intent, from, to time.Time, slack time.Duration) bool {
 func sharedPG(t *testing.T) (*pgxpool.Pool, *durable.Config) {
 	t.Helper()
 	pool := testdb.Pool(t)
-	cfg := &durable.Config{Schema: testdb.Schema(t, pool)}
+	cfg := &durable.Config{Schema: testdb.Schema(t, pool), AdmissionWait: time.Minute} // see testdb.Store
 	require.NoError(t, durable.Migrate(t.Context(), pool, cfg))
 	return pool, cfg
 }

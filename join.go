@@ -42,9 +42,11 @@ type joiner interface {
 // it for HTTP). In the middleware, the response header allowlist applies to
 // what is stored. After the work returns, the guard reads the key's row:
 //
-//   - committed: the key is answered, whatever the work returned; an answer
-//     returned (or written) that differs from the completed one is logged
-//     and counted ("answer_mismatch"), and retries replay the completed one;
+//   - committed: the key is answered, whatever the work returned: Do
+//     returns the completed answer (and the middleware sends it), as every
+//     retry replays it, even when the work returned or wrote another, such
+//     as a 500 after a commit whose reply was lost; such a mismatch is
+//     logged and counted ("answer_mismatch");
 //   - rolled back: the answer is never stored, and the key stays in
 //     progress until it is settled (or is released, after MarkRetrySafe).
 //

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/idemguard/idem/durable"
 )
 
 // ScopeFunc returns the authenticated caller of r (for example the user id
@@ -193,10 +195,13 @@ type middleware struct {
 // Idempotency-Key header (see ParseKey), asks scope for the caller, reads the
 // body up to the limit and fingerprints method, target and body
 // (HashRequest). The handler receives the body unchanged. The handler's
-// answer is written through to the client as it is produced and captured:
-// status, body and the allowlisted headers. A retry is answered with the
-// stored status, headers and body, byte for byte, plus "Idempotent-Replayed:
-// true".
+// answer is captured (status, body and the allowlisted headers), stored, and
+// only then sent to the client, so that what a client reads is what every
+// replay gets, and a slow reader cannot hold the key: it blocks in the send,
+// after the answer is stored. When the key ends up holding another answer
+// than the handler wrote (one completed through Complete), the stored one is
+// sent. A retry is answered with the stored status, headers and body, byte
+// for byte, plus "Idempotent-Replayed: true".
 //
 // Refusals are RFC 9457 problems: 400 for a missing or invalid key or an
 // unreadable body, 401 without a caller, 413 for an oversized body, 409 with
@@ -206,9 +211,9 @@ type middleware struct {
 // client.
 //
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
-// larger than the response limit is delivered but not stored. Its key stays in
-// progress, exactly like a 5xx: retries get 409 until the key is settled,
-// released, or expires. Do not guard streaming endpoints.
+// larger than the response limit is sent as it is produced and not stored.
+// Its key stays in progress, exactly like a 5xx: retries get 409 until the key
+// is settled or released. Do not guard streaming endpoints.
 func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) http.Handler {
 	if scope == nil {
 		panic("idem: Middleware needs a ScopeFunc")
@@ -330,7 +335,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}, m.doOpts...)
 	switch out {
 	case OutcomeExecuted, OutcomeExecutedPending, OutcomeExecutedReleased:
-		// Already written through to the client by the recorder.
+		// The answer is stored (or known not to be): now the client gets
+		// it. What was stored wins over what the handler wrote.
+		var stored Response
+		if out == OutcomeExecuted && !durable.Answer(resp).Equal(durable.Answer(rec.captured())) {
+			stored = resp
+		}
+		rec.send(stored)
 		if errors.Is(err, errNotStorable) {
 			m.g.log.LogAttrs(r.Context(), slog.LevelWarn, "idem: answer delivered but not stored (streamed, hijacked or too large); key left in progress",
 				slog.String("key_hash", keyHash(req)))

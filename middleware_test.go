@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -413,4 +415,92 @@ func TestMiddlewareUnusableScope(t *testing.T) {
 	require.Equal(t, `Bearer realm="checkout"`, a.header.Get("WWW-Authenticate"))
 	require.Equal(t, idem.DefaultProblemBase+idem.ProblemUnauthenticated, a.problem(t).Type)
 	require.Zero(t, h.calls.Load())
+}
+
+// blockedWriter is a client that reads nothing: its writes block until it is
+// released, as a Write blocks on an HTTP/2 stream whose flow-control window
+// never opens.
+type blockedWriter struct {
+	header   http.Header
+	writing  chan struct{} // closed at the first write
+	release  chan struct{}
+	once     sync.Once
+	status   int
+	received bytes.Buffer
+}
+
+func newBlockedWriter() *blockedWriter {
+	return &blockedWriter{header: http.Header{}, writing: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (w *blockedWriter) Header() http.Header { return w.header }
+func (w *blockedWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *blockedWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.writing) })
+	<-w.release
+	return w.received.Write(p)
+}
+
+// A slow reader cannot hold its key: the answer is stored before the first
+// byte is sent, so while the client blocks, the key is answered and every
+// retry is replayed what the client will read.
+func TestSlowReaderCannotHoldTheKey(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		hb := setupHTTP(t, strategy, nil)
+		key := newKey()
+		body := strings.Repeat("x", 200<<10) // a 200 KB answer
+		mw := hb.guard.Middleware(bearerScope)(hb.handler)
+		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+		r.Header.Set("Authorization", "Bearer alice")
+		r.Header.Set(idem.HeaderKey, key)
+		w := newBlockedWriter()
+		done := make(chan struct{})
+		go func() { defer close(done); mw.ServeHTTP(w, r) }()
+		<-w.writing
+
+		rec, err := hb.store.Get(t.Context(), "alice", key)
+		require.NoError(t, err)
+		require.NotNil(t, rec.Answer, "the answer is stored before the client reads it")
+		retry := send(t, hb.srv, call{user: "alice", keys: []string{key}, body: body})
+		require.Equal(t, http.StatusCreated, retry.status)
+		require.Equal(t, "true", retry.header.Get(idem.HeaderReplayed))
+
+		close(w.release)
+		<-done
+		require.Equal(t, http.StatusCreated, w.status)
+		require.Equal(t, string(retry.body), w.received.String(), "the client reads what every replay gets")
+		require.EqualValues(t, 1, hb.handler.calls.Load())
+	})
+}
+
+// A handler whose commit went through but whose reply was lost answers 500
+// ("order not recorded"); the client gets the committed answer instead, as
+// every retry does.
+func TestLostCommitReplyGetsTheStoredAnswer(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		b := setup(t, strategy)
+		var calls atomic.Int32
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			require.NoError(t, pgx.BeginFunc(r.Context(), b.pool, func(tx pgx.Tx) error {
+				return idem.Complete(r.Context(), tx, created("committed"))
+			}))
+			// The COMMIT's reply was lost: the handler believes it failed.
+			http.Error(w, `{"type":"order-not-recorded"}`, http.StatusInternalServerError)
+		})
+		srv := httptest.NewServer(b.guard.Middleware(bearerScope)(h))
+		t.Cleanup(srv.Close)
+		key := newKey()
+		first := send(t, srv, call{user: "alice", keys: []string{key}, body: "a"})
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, "/orders/committed", first.header.Get("Location"))
+		replay := send(t, srv, call{user: "alice", keys: []string{key}, body: "a"})
+		require.Equal(t, http.StatusCreated, replay.status)
+		require.Equal(t, first.body, replay.body)
+		require.EqualValues(t, 1, calls.Load())
+	})
 }

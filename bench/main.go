@@ -34,7 +34,10 @@ import (
 	"time"
 
 	"github.com/idemguard/idem/bench/internal/bigtable"
+	"github.com/idemguard/idem/bench/internal/crossover"
+	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
+	"github.com/idemguard/idem/bench/internal/httpcmp"
 	"github.com/idemguard/idem/bench/internal/load"
 	"github.com/idemguard/idem/bench/internal/plan"
 	"github.com/idemguard/idem/bench/internal/report"
@@ -64,8 +67,17 @@ func envOr(name, def string) string {
 
 // run is the command with its arguments; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "bigtable" { // the big-table bench: go run ./bench bigtable -h
-		return bigtable.Command(ctx, args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "bigtable": // the big-table bench: go run ./bench bigtable -h
+			return bigtable.Command(ctx, args[1:], stdout, stderr)
+		case "crossover": // the retry-share and distance sweep: go run ./bench crossover -h
+			return crossover.Command(ctx, args[1:], stdout, stderr)
+		case "http": // the whole request over HTTP against the minimal SQL: go run ./bench http -h
+			return httpcmp.Command(ctx, args[1:], stdout, stderr)
+		case "delayproxy": // run by crossover as its delay proxy
+			return delayproxy.Command(args[1:], os.Stdin, stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -18,6 +18,8 @@ const (
 	// DefaultSweepBatchSize is the number of rows [Store.Sweep] deletes per
 	// statement when Config.SweepBatchSize is 0.
 	DefaultSweepBatchSize = 1000
+	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
+	DefaultAdmissionWait = time.Second
 )
 
 // maxTableLen leaves room for the longest suffix the migrations append
@@ -77,6 +79,18 @@ type Config struct {
 	// Defaults to false.
 	Notify bool
 
+	// AdmissionWait bounds how long Claim and Get, the statements that
+	// admit a request, wait for a free connection when the Store runs over
+	// a *pgxpool.Pool. Past it they fail at once (the guard answers 503 with
+	// Retry-After) instead of queueing for the caller's whole timeout: when
+	// PostgreSQL slows down, a queue of requests that will time out anyway
+	// would keep every connection busy long after it recovers. The answer
+	// write and the release wait as long as their context allows: their
+	// work has run. Size the pool for the load (docs/configuration.md).
+	//
+	// Defaults to 1s.
+	AdmissionWait time.Duration
+
 	// SynchronousAnswers makes every answer write wait for its WAL flush
 	// before it returns, like the claim. By default an answer written as
 	// its own transaction commits asynchronously (synchronous_commit off
@@ -130,6 +144,9 @@ func (cfg *Config) withDefaults() (Config, error) {
 	if c.SweepBatchSize == 0 {
 		c.SweepBatchSize = DefaultSweepBatchSize
 	}
+	if c.AdmissionWait == 0 {
+		c.AdmissionWait = DefaultAdmissionWait
+	}
 	return c, c.validate()
 }
 
@@ -153,6 +170,9 @@ func (c *Config) validate() error {
 	}
 	if c.Partitions < 0 || c.Partitions > maxPartitions {
 		return fmt.Errorf("durable: Config.Partitions: must be between 0 and %d, got %d", maxPartitions, c.Partitions)
+	}
+	if c.AdmissionWait < 0 {
+		return fmt.Errorf("durable: Config.AdmissionWait: must not be negative, got %v", c.AdmissionWait)
 	}
 	if c.SweepBatchSize < 1 {
 		return fmt.Errorf("durable: Config.SweepBatchSize: must be positive, got %d", c.SweepBatchSize)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // claimAttempts bounds Claim's loop of a claim statement followed by a
@@ -31,6 +32,7 @@ var errContended = errors.New("row kept changing under concurrent claims and rel
 // [Store.WithDB] returns a copy bound to another DB, such as a transaction.
 type Store struct {
 	db        DB
+	admit     DB // db, or, over a *pgxpool.Pool, db with Config.AdmissionWait (Claim, Get)
 	cfg       Config
 	table     string // quoted and qualified
 	retention int64  // cfg.Retention in microseconds
@@ -51,8 +53,13 @@ func New(db DB, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	table := c.qualified()
+	admit := db
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		admit = admitting{pool: pool, wait: c.AdmissionWait}
+	}
 	return &Store{
 		db:        db,
+		admit:     admit,
 		cfg:       c,
 		table:     table,
 		retention: c.Retention.Microseconds(),
@@ -71,7 +78,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 // the caller's transaction.
 func (s *Store) WithDB(db DB) *Store {
 	c := *s
-	c.db = db
+	c.db, c.admit = db, db
 	c.joined = true
 	return &c
 }
@@ -166,7 +173,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 	}
 	for range claimAttempts {
 		var claimed, takeable bool
-		rec, err = s.scanRecord(s.db.QueryRow(ctx, s.sql.claim,
+		rec, err = s.scanRecord(s.admit.QueryRow(ctx, s.sql.claim,
 			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold), &claimed, &takeable)
 		switch {
 		case err == nil && !takeable:
@@ -210,7 +217,7 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) 
 	if err := checkKey(op, scope, key); err != nil {
 		return Record{}, err
 	}
-	rec, err := s.scanRecord(s.db.QueryRow(ctx, s.sql.get, scope, key, s.retention))
+	rec, err := s.scanRecord(s.admit.QueryRow(ctx, s.sql.get, scope, key, s.retention))
 	if err != nil {
 		return Record{}, translate(op, err)
 	}

@@ -115,6 +115,12 @@ func Store(tb testing.TB, cfg *durable.Config) (*durable.Store, *pgxpool.Pool) {
 			c.Partitions = n
 		}
 	}
+	if c.AdmissionWait == 0 {
+		// Tests race many requests on a small pool of a busy machine:
+		// they test other guarantees than admission, which
+		// TestAdmissionFailsFastWhenThePoolIsBusy tests.
+		c.AdmissionWait = time.Minute
+	}
 	c.Schema = Schema(tb, pool)
 	if err := durable.Migrate(tb.Context(), pool, &c); err != nil {
 		tb.Fatalf("testdb: %v", err)

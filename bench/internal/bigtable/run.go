@@ -201,7 +201,11 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 
-	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName, Partitions: cfg.Partitions}
+	// The bench measures each call's latency with its wait for a connection
+	// counted, so a call must not be refused for that wait: AdmissionWait
+	// (100ms by default) would turn the pool's queue under mixed load into
+	// errors.
+	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName, Partitions: cfg.Partitions, AdmissionWait: time.Minute}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()

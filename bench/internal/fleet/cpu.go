@@ -83,6 +83,9 @@ type Reading struct {
 	known, redisRead bool
 }
 
+// At is when the reading was taken.
+func (r Reading) At() time.Time { return r.at }
+
 // Read takes a snapshot of the CPU time used so far by this process, the
 // workers of f, every postgres process, Redis and the machine.
 func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
@@ -170,6 +173,10 @@ func sumDelta(before, after map[int]float64) float64 {
 	}
 	return s
 }
+
+// ProcessCPU returns the user + system CPU seconds process pid has used
+// (Linux only), for a helper process of the bench such as its delay proxy.
+func ProcessCPU(pid int) (float64, error) { return procCPU(pid) }
 
 // procCPU returns the user + system CPU seconds of process pid, from
 // /proc/<pid>/stat.

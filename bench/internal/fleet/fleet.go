@@ -31,6 +31,14 @@ type Config struct {
 	// Redis key prefix the workers share.
 	Schema, Prefix string
 	Strategy       string // target.Table or target.Hybrid
+	// Impl is what serves the requests: "guard" (the default: the guard's
+	// middleware) or "minimal" (target.MinimalHandler). Only a non-default
+	// value is passed on, so Binary may be a bench built before the flag
+	// existed.
+	Impl string
+	// SyncAnswers makes the guard's store write answers synchronously
+	// (durable.Config.SynchronousAnswers); passed on only when set.
+	SyncAnswers bool
 	// PoolSize is each worker's pgx pool size (MaxConns); RedisPoolSize
 	// each worker's go-redis pool size, 0 for go-redis' default.
 	PoolSize, RedisPoolSize int
@@ -106,6 +114,12 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 		"-redis-addr", cfg.RedisAddr, "-pool-size", strconv.Itoa(cfg.PoolSize),
 		"-redis-pool-size", strconv.Itoa(cfg.RedisPoolSize), "-work", cfg.Work.String(),
 	}
+	if cfg.Impl != "" && cfg.Impl != "guard" {
+		args = append(args, "-impl", cfg.Impl)
+	}
+	if cfg.SyncAnswers {
+		args = append(args, "-sync-answers")
+	}
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)
 	stdin, err := cmd.StdinPipe()
@@ -152,8 +166,12 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	}
 }
 
-// PIDs returns the workers' process ids.
+// PIDs returns the workers' process ids (none for a nil Fleet, which
+// Meter.Read accepts when the targets run in process).
 func (f *Fleet) PIDs() []int {
+	if f == nil {
+		return nil
+	}
 	out := make([]int, len(f.workers))
 	for i, w := range f.workers {
 		out[i] = w.cmd.Process.Pid
@@ -214,38 +232,47 @@ func (f *Fleet) Op(p load.Pattern, stepNo int) load.Op {
 	n := uint64(len(f.workers))
 	return func(ctx context.Context, i int64) (string, error) {
 		a := p.At(i)
-		key := prefix + strconv.FormatInt(a.Intent, 36)
-		w := f.workers[(uint64(a.Intent)+uint64(a.Copy))%n]
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"/orders",
-			strings.NewReader(`{"intent":"`+key+`"}`))
-		if err != nil {
-			return outcomeError, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idem.HeaderKey, key)
-		req.Header.Set(ScopeHeader, "user-"+strconv.FormatInt(a.Intent%1000, 10))
-		resp, err := f.client.Do(req)
-		if err != nil {
-			return outcomeError, err
-		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-		resp.Body.Close()
-		if err != nil {
-			return outcomeError, err
-		}
-		switch resp.StatusCode {
-		case http.StatusCreated:
-			if resp.Header.Get(idem.HeaderReplayed) == "true" {
-				return idem.OutcomeReplayed.String(), nil
-			}
-			return idem.OutcomeExecuted.String(), nil
-		case http.StatusConflict:
-			return idem.OutcomeInProgress.String(), nil
-		case http.StatusUnprocessableEntity:
-			return idem.OutcomeKeyReused.String(), nil
-		}
-		return outcomeError, fmt.Errorf("worker %d: status %d: %s", w.cmd.Process.Pid, resp.StatusCode, bytes.TrimSpace(body))
+		return f.Post(ctx, int((uint64(a.Intent)+uint64(a.Copy))%n), prefix+strconv.FormatInt(a.Intent, 36),
+			"user-"+strconv.FormatInt(a.Intent%1000, 10))
 	}
+}
+
+// Post sends POST /orders to worker i with the idempotency key key, the
+// scope scope and a body naming the key (so every copy of an intent has the
+// same fingerprint), and returns the outcome read from the answer: 201
+// executed (replayed with Idempotent-Replayed), 409 in_progress, 422
+// key_reused; anything else is an error.
+func (f *Fleet) Post(ctx context.Context, i int, key, scope string) (string, error) {
+	w := f.workers[i]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"/orders",
+		strings.NewReader(`{"intent":"`+key+`"}`))
+	if err != nil {
+		return outcomeError, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idem.HeaderKey, key)
+	req.Header.Set(ScopeHeader, scope)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return outcomeError, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if err != nil {
+		return outcomeError, err
+	}
+	switch resp.StatusCode {
+	case http.StatusCreated:
+		if resp.Header.Get(idem.HeaderReplayed) == "true" {
+			return idem.OutcomeReplayed.String(), nil
+		}
+		return idem.OutcomeExecuted.String(), nil
+	case http.StatusConflict:
+		return idem.OutcomeInProgress.String(), nil
+	case http.StatusUnprocessableEntity:
+		return idem.OutcomeKeyReused.String(), nil
+	}
+	return outcomeError, fmt.Errorf("worker %d: status %d: %s", w.cmd.Process.Pid, resp.StatusCode, bytes.TrimSpace(body))
 }
 
 // Collect returns what each worker counted since the previous Collect (or

@@ -54,7 +54,9 @@ const ScopeHeader = "X-Bench-User"
 // its main function must then call [Serve] and nothing else.
 func IsWorker() bool { return os.Getenv(workerEnv) == "1" }
 
-// Stats is what a worker counted between two calls of POST /stats.
+// Stats is what a worker counted between two calls of POST /stats. The call
+// also makes the worker's idle PostgreSQL connections publish their pending
+// statistics.
 type Stats struct {
 	PID int `json:"pid"`
 	// Requests is the number of POST /orders the worker answered.
@@ -106,6 +108,8 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		poolSize  = fs.Int("pool-size", 4, "pgx pool size (MaxConns)")
 		redisPool = fs.Int("redis-pool-size", 0, "go-redis pool size (0: its default)")
 		work      = fs.Duration("work", 5*time.Millisecond, "simulated handler latency")
+		impl      = fs.String("impl", target.Guard, "what serves the requests: guard (the middleware) or minimal (target.MinimalHandler)")
+		syncAns   = fs.Bool("sync-answers", false, "the guard's store writes answers synchronously (durable.Config.SynchronousAnswers)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -121,14 +125,18 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		_, _ = io.Copy(io.Discard, stdin)
 		cancel()
 	}()
-	if err := serve(ctx, *addr, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
+	if *impl != target.Guard && *impl != target.Minimal {
+		fmt.Fprintf(stderr, "bench worker: -impl %q: want guard or minimal\n", *impl)
+		return 2
+	}
+	if err := serve(ctx, *addr, *impl, *syncAns, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
 		fmt.Fprintf(stderr, "bench worker: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, addr, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
+func serve(ctx context.Context, addr, impl string, syncAnswers bool, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
 	pc, err := pgxpool.ParseConfig(os.Getenv(databaseEnv))
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -147,10 +155,6 @@ func serve(ctx context.Context, addr, strategy, schema, prefix, redisAddr string
 	redisCmds := &fixture.RedisCounter{}
 	rdb.AddHook(redisCmds)
 	db := fixture.NewCountingDB(pool)
-	g, err := target.NewGuard(db, rdb, schema, prefix, strategy)
-	if err != nil {
-		return err
-	}
 
 	c := &counters{executed: make(map[string]int)}
 	handler := target.Handler(work)
@@ -158,10 +162,23 @@ func serve(ctx context.Context, addr, strategy, schema, prefix, redisAddr string
 		c.execute(r.Header.Get(idem.HeaderKey))
 		handler.ServeHTTP(w, r)
 	})
-	guarded := g.Middleware(func(r *http.Request) (string, bool) {
-		s := r.Header.Get(ScopeHeader)
-		return s, s != ""
-	})(counted)
+	var guarded http.Handler
+	if impl == target.Minimal {
+		env := &target.Env{Pool: pool, Redis: rdb, Schema: schema, Prefix: prefix, PGStatements: db, RedisCmds: redisCmds}
+		guarded, err = target.MinimalHandler(env, strategy, func(r *http.Request) string { return r.Header.Get(ScopeHeader) }, counted)
+		if err != nil {
+			return err
+		}
+	} else {
+		g, err := target.NewGuard(db, rdb, schema, prefix, strategy, syncAnswers)
+		if err != nil {
+			return err
+		}
+		guarded = g.Middleware(func(r *http.Request) (string, bool) {
+			s := r.Header.Get(ScopeHeader)
+			return s, s != ""
+		})(counted)
+	}
 	var (
 		statsMu       sync.Mutex
 		stmts0, cmds0 int64
@@ -174,6 +191,14 @@ func serve(ctx context.Context, addr, strategy, schema, prefix, redisAddr string
 	mux.HandleFunc("POST /stats", func(w http.ResponseWriter, r *http.Request) {
 		statsMu.Lock()
 		defer statsMu.Unlock()
+		// Make every idle connection publish its pending statistics (WAL
+		// flushes among them) now rather than up to 10 s later, so that the
+		// caller's server-wide counters read after this include the
+		// worker's work (PostgreSQL 15+; older servers lack the function).
+		for _, conn := range pool.AcquireAllIdle(r.Context()) {
+			_, _ = conn.Exec(r.Context(), "SELECT pg_stat_force_next_flush()")
+			conn.Release()
+		}
 		stmts, cmds := db.Count(), redisCmds.Count()
 		s := Stats{PID: os.Getpid(), PGStatements: stmts - stmts0, RedisCommands: cmds - cmds0}
 		stmts0, cmds0 = stmts, cmds

@@ -72,6 +72,11 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 	if cfg.PoolSize > 0 {
 		pc.MaxConns = int32(cfg.PoolSize)
 	}
+	var tag [6]byte
+	_, _ = rand.Read(tag[:])
+	schema := "idem_bench_" + hex.EncodeToString(tag[:])
+	// fleet.Meter finds the backends that serve the targets by this name.
+	pc.ConnConfig.RuntimeParams["application_name"] = schema
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -91,13 +96,11 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 		_ = admin.Close()
 		return nil, fmt.Errorf("redis %s: %w", cfg.RedisAddr, err)
 	}
-	var tag [6]byte
-	_, _ = rand.Read(tag[:])
 	env = &Env{
 		Pool:   pool,
 		Redis:  rdb,
 		admin:  admin,
-		Schema: "idem_bench_" + hex.EncodeToString(tag[:]),
+		Schema: schema,
 		Prefix: "idembench:" + hex.EncodeToString(tag[:]) + ":",
 
 		PGStatements: fixture.NewCountingDB(pool),

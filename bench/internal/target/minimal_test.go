@@ -20,7 +20,9 @@ import (
 func TestMinimalAgrees(t *testing.T) {
 	env := open(t)
 	ctx := t.Context()
-	const work = 200 * time.Millisecond
+	// Long enough that the two requests sent while the first runs reach it
+	// before it ends, on a busy machine under -race.
+	const work = 500 * time.Millisecond
 	type cost struct {
 		outcome                     string
 		statements, writes, rclient int64

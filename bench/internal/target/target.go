@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -83,7 +84,7 @@ type guardTarget struct {
 }
 
 func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
-	g, err := NewGuard(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy)
+	g, err := NewGuard(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy, false)
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +98,11 @@ func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
 
 // NewGuard returns the guard of strategy (Table or Hybrid) that every guard
 // target of the bench runs, in process or in a worker process: its store on
-// the GuardTable of schema through db, its Redis lease (hybrid) under
-// prefix + "guard:" through rdb, and no logging.
-func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string) (*idem.Guard, error) {
-	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable})
+// the GuardTable of schema through db (with durable.Config.SynchronousAnswers
+// set to syncAnswers), its Redis lease (hybrid) under prefix + "guard:"
+// through rdb, and no logging.
+func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, syncAnswers bool) (*idem.Guard, error) {
+	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable, SynchronousAnswers: syncAnswers})
 	if err != nil {
 		return nil, err
 	}
@@ -168,10 +170,10 @@ var maxHold = (46500 * time.Millisecond).Microseconds()
 type ceiling struct {
 	env     *Env
 	hybrid  bool
+	locker  *lock.Locker // hybrid only
 	work    time.Duration
 	sql     statements
 	headers []byte
-	prefix  string
 	tokens  atomic.Uint64
 }
 
@@ -187,13 +189,19 @@ func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
 	if err != nil {
 		return nil, err
 	}
+	var locker *lock.Locker
+	if strategy == Hybrid {
+		if locker, err = lock.New(env.Redis, &lock.Config{Prefix: env.Prefix + "ceiling:"}); err != nil {
+			return nil, err
+		}
+	}
 	return &ceiling{
 		env:     env,
 		hybrid:  strategy == Hybrid,
+		locker:  locker,
 		work:    work,
 		sql:     sql,
 		headers: headers,
-		prefix:  env.Prefix + "ceiling:",
 	}, nil
 }
 
@@ -276,10 +284,13 @@ func (c *ceiling) Do(ctx context.Context, req idem.Request) (string, error) {
 	if c.hybrid {
 		return c.doHybrid(ctx, req)
 	}
-	return c.doTable(ctx, req)
+	return c.doTable(ctx, req, nil)
 }
 
-func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error) {
+// doTable claims, runs and writes the answer; with a lease (hybrid), it
+// then puts the answer's copy in the lease, or, when the claim found a row,
+// what the row says.
+func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lease) (string, error) {
 	owner := c.token()
 	// The Guard's arguments: the owner is the first attempt's intent too,
 	// and the hold is the default MaxHold.
@@ -298,7 +309,17 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error)
 		// Keys are unique within a run and live 24 hours: not reached.
 		return "", errors.New("ceiling: the claim found an expired row, which the ceiling does not take over")
 	case !r.claimed:
-		return decide(r, req.Fingerprint), nil
+		out := decide(r, req.Fingerprint)
+		if lease != nil {
+			state := leaseState(leaseRunning, idem.Fingerprint(r.hash))
+			if !r.inProgress {
+				state = leaseState(leaseDone, idem.Fingerprint(r.hash)) // the guard copies the row's answer
+			}
+			if err := lease.Replace(context.WithoutCancel(ctx), state, 0); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+				return "", err
+			}
+		}
+		return out, nil
 	}
 	if err := sleepWork(ctx, c.work); err != nil {
 		return "", err
@@ -308,21 +329,29 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request) (string, error)
 	if err != nil {
 		return "", err
 	}
+	if lease != nil {
+		err := c.locker.Set(context.WithoutCancel(ctx), req.Scope, req.Key, answerLease(req.Fingerprint, c.headers), leaseCopyTTL)
+		if err != nil {
+			return "", err
+		}
+	}
 	return idem.OutcomeExecuted.String(), nil
 }
 
-// doHybrid is the guard's hybrid protocol: SET NX EX; the holder claims the
-// durable row like the table strategy (and keeps the lease until its TTL);
-// a refused SET NX reads the row, and claims when there is none.
+// doHybrid is the guard's hybrid protocol since the lease carries the key's
+// state: one round trip (the lock's obtain script) takes the lease with the
+// state "claiming" and this request's fingerprint, or returns the state held,
+// which answers 409, 422 or a replay without PostgreSQL; the holder claims
+// the durable row like the table strategy and, once its answer is written,
+// puts a copy of it in the lease (lock.Locker.Set). A state that cannot tell
+// (claiming under another fingerprint, the done marker) reads the row.
 func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error) {
-	key := c.prefix + req.Scope + ":" + req.Key
-	owner := c.token()
-	token := fmt.Sprintf("%026x", owner[:8])
-	ok, err := c.env.Redis.SetNX(ctx, key, token, 30*time.Second).Result()
-	if err != nil {
-		return "", err
-	}
-	if !ok {
+	lease, held, err := c.locker.Obtain(ctx, req.Scope, req.Key, leaseState(leaseClaiming, req.Fingerprint))
+	switch {
+	case errors.Is(err, lock.ErrNotObtained):
+		if out, ok := decideLease(held, req.Fingerprint); ok {
+			return out, nil
+		}
 		r, err := c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
 		switch {
 		case err != nil:
@@ -330,6 +359,55 @@ func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error
 		case r.found:
 			return decide(r, req.Fingerprint), nil
 		}
+		return c.doTable(ctx, req, nil)
+	case err != nil:
+		return "", err
 	}
-	return c.doTable(ctx, req)
+	return c.doTable(ctx, req, lease)
+}
+
+// The lease states of idem's hybrid (lease.go), as far as a decision needs
+// them: the kind byte, then the fingerprint, then for an answer its copy.
+const (
+	leaseClaiming byte = 'c'
+	leaseRunning  byte = 'r'
+	leasePending  byte = 'p'
+	leaseAnswer   byte = 'a'
+	leaseDone     byte = 'd'
+	leaseCopyTTL       = 10 * time.Minute
+)
+
+func leaseState(kind byte, fp idem.Fingerprint) []byte {
+	return append([]byte{kind}, fp[:]...)
+}
+
+// answerLease is the copy of the bench's answer, encoded as idem encodes it:
+// status (2 bytes), the length of the JSON headers (uvarint), the headers,
+// the body.
+func answerLease(fp idem.Fingerprint, headers []byte) []byte {
+	b := leaseState(leaseAnswer, fp)
+	b = binary.BigEndian.AppendUint16(b, http.StatusCreated)
+	b = binary.AppendUvarint(b, uint64(len(headers)))
+	b = append(b, headers...)
+	return append(b, answerBody...)
+}
+
+// decideLease answers from a held state, or reports false when the row must
+// be read.
+func decideLease(held []byte, fp idem.Fingerprint) (string, bool) {
+	if len(held) < 1+len(fp) {
+		return "", false
+	}
+	kind, same := held[0], bytes.Equal(held[1:1+len(fp)], fp[:])
+	switch {
+	case kind == leaseClaiming && !same, kind == leaseDone && same:
+		return "", false
+	case !same:
+		return idem.OutcomeKeyReused.String(), true
+	case kind == leaseAnswer:
+		return idem.OutcomeReplayed.String(), true
+	case kind == leaseClaiming, kind == leaseRunning, kind == leasePending:
+		return idem.OutcomeInProgress.String(), true
+	}
+	return "", false
 }

@@ -1,0 +1,127 @@
+package crossover
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Command is `go run ./bench crossover [flags]`: it parses args, runs the
+// sweep, prints the summary, writes the report and returns the exit status
+// (130 when interrupted).
+func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("crossover", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./bench crossover [flags]\n\n"+
+			"Sweeps the retry share and PostgreSQL's distance for both strategies of the guard, closed loop,\n"+
+			"in interleaved rounds, and reports from which share of retries the Redis lease pays.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	env := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var (
+		dbURL     = fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
+		redisAddr = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
+		shares    = fs.String("shares", "0,0.2,0.5,0.8,0.95", "retry shares, comma-separated, each in [0, 1)")
+		distances = fs.String("distances", "0,500us,2ms", "round-trip times added to PostgreSQL's (0: loopback, no proxy)")
+		rounds    = fs.Int("rounds", 3, "rounds of every share and distance")
+		runFor    = fs.Duration("run", 3*time.Second, "how long each strategy runs per share, distance and round")
+		callers   = fs.Int("callers", 128, "closed-loop callers")
+		recent    = fs.Int("recent", 128, "a retry repeats one of this many latest intents")
+		poolSize  = fs.Int("pool-size", 16, "pgx pool size (MaxConns)")
+		redisPool = fs.Int("redis-pool-size", 0, "go-redis pool size (0: go-redis' default)")
+		work      = fs.Duration("work", 5*time.Millisecond, "simulated handler latency")
+		outDir    = fs.String("out", "bench-report-crossover", "report directory (created; its files replaced)")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "crossover: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	cfg := Config{DatabaseURL: *dbURL, RedisAddr: *redisAddr, Rounds: *rounds, Run: *runFor, Callers: *callers,
+		Recent: *recent, PoolSize: *poolSize, RedisPoolSize: *redisPool, Work: *work, Progress: stdout}
+	for _, s := range split(*shares) {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v < 0 || v >= 1 {
+			fmt.Fprintf(stderr, "crossover: -shares: %q is not in [0, 1)\n", s)
+			return 2
+		}
+		cfg.Shares = append(cfg.Shares, v)
+	}
+	for _, s := range split(*distances) {
+		if s == "0" {
+			cfg.Distances = append(cfg.Distances, 0)
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			fmt.Fprintf(stderr, "crossover: -distances: %q is not a duration\n", s)
+			return 2
+		}
+		cfg.Distances = append(cfg.Distances, d)
+	}
+	if len(cfg.Shares) == 0 || len(cfg.Distances) == 0 || cfg.Rounds < 1 || cfg.Run <= 0 || cfg.Callers < 1 {
+		fmt.Fprintln(stderr, "crossover: need shares, distances, -rounds >= 1, a positive -run and -callers")
+		return 2
+	}
+	var err error
+	if cfg.Binary, err = os.Executable(); err != nil {
+		fmt.Fprintf(stderr, "crossover: %v\n", err)
+		return 1
+	}
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "crossover: %v\n", err)
+		return 1
+	}
+	res.Summary(stdout)
+	if err := res.Write(*outDir, command(fs)); err != nil {
+		fmt.Fprintf(stderr, "crossover: writing the report: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nreport: %s/%s (also %s, %s)\n", *outDir, MarkdownFile, CSVFile, PNGFile)
+	if res.Interrupted {
+		return 130
+	}
+	return 0
+}
+
+func split(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func command(fs *flag.FlagSet) string {
+	parts := []string{"go run ./bench crossover"}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "database-url" {
+			parts = append(parts, "-database-url <redacted>")
+			return
+		}
+		parts = append(parts, "-"+f.Name+" "+f.Value.String())
+	})
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,65 @@
+package crossover
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem/bench/internal/target"
+)
+
+// result builds a sweep where the hybrid's throughput over the table's is
+// ratio(distance, share) in every round.
+func result(ratio func(d time.Duration, share float64) float64) *Result {
+	cfg := Config{Shares: []float64{0, 0.5, 0.95}, Distances: []time.Duration{0, 2 * time.Millisecond}, Rounds: 2}
+	r := &Result{Config: cfg}
+	for _, d := range cfg.Distances {
+		for _, s := range cfg.Shares {
+			for round := 1; round <= cfg.Rounds; round++ {
+				table := Cell{Distance: d, Share: s, Strategy: target.Table, Round: round, Requests: 1000, Elapsed: time.Second, P99: 10 * time.Millisecond}
+				hybrid := table
+				hybrid.Strategy = target.Hybrid
+				hybrid.Requests = int64(1000 * ratio(d, s))
+				r.Cells = append(r.Cells, table, hybrid)
+			}
+		}
+	}
+	return r
+}
+
+func TestVerdict(t *testing.T) {
+	r := result(func(d time.Duration, share float64) float64 {
+		switch {
+		case d == 0:
+			return 0.9 // never pays over loopback
+		case share >= 0.5:
+			return 1.5
+		}
+		return 0.95
+	})
+	require.Equal(t, "over loopback: the lock does not pay at any retry share measured (up to 95%; best hybrid ÷ table 0.90)", r.Verdict(0))
+	require.Equal(t, "at +2ms round trip: the lock pays from 50% retries at this distance", r.Verdict(2*time.Millisecond))
+
+	// A share that pays below one that does not is not a crossover.
+	r = result(func(_ time.Duration, share float64) float64 {
+		if share == 0.5 {
+			return 0.8
+		}
+		return 1.2
+	})
+	require.Equal(t, "over loopback: the lock pays from 95% retries at this distance", r.Verdict(0))
+}
+
+func TestWrite(t *testing.T) {
+	r := result(func(time.Duration, float64) float64 { return 1.1 })
+	dir := t.TempDir()
+	require.NoError(t, r.Write(dir, "go run ./bench crossover"))
+	for _, f := range []string{MarkdownFile, CSVFile, PNGFile} {
+		require.FileExists(t, filepath.Join(dir, f))
+	}
+	for _, x := range r.Ratios() {
+		require.InDelta(t, 1.1, x.Median, 1e-9)
+	}
+}

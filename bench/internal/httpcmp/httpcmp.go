@@ -1,0 +1,540 @@
+// Package httpcmp measures the whole request over HTTP: `go run ./bench
+// http` drives the guard's middleware, the minimal SQL behind the same HTTP
+// path (target.MinimalHandler) and, with -baseline, the guard of an earlier
+// build of the bench, each in a worker process of its own on loopback,
+// closed loop, with first executions (unique keys) and replays, at each
+// caller count, in interleaved rounds whose order alternates (ABBA). It
+// reports the medians of the per-round ratios with their spread, and the
+// disk flushes per first execution (pg_stat_wal.wal_sync, server-wide).
+//
+// It stands in for issue 19's comparison with github.com/repenguin22/
+// idemlease, which the module proxy does not serve here (403).
+package httpcmp
+
+import (
+	"context"
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/bench/internal/fleet"
+	"github.com/idemguard/idem/bench/internal/target"
+)
+
+// Implementations compared.
+const (
+	Minimal = "minimal" // target.MinimalHandler, this build
+	Guard   = "guard"   // the guard's middleware, this build
+	Before  = "before"  // the guard's middleware, the -baseline build
+	// GuardSync is this build's guard with durable.Config.SynchronousAnswers:
+	// both of a first execution's commits wait for their flush.
+	GuardSync = "guard-sync"
+)
+
+// Scenarios.
+const (
+	Unique = "unique" // every request a new key: first executions
+	Replay = "replay" // every request a key answered before the run
+)
+
+// Run is one implementation's run in one round.
+type Run struct {
+	Strategy, Scenario, Impl string
+	Callers, Round           int
+	Requests, Errors         int64
+	Executed                 int64 // 201 answers that were not replays
+	Elapsed                  time.Duration
+	WALSyncs                 int64 // pg_stat_wal.wal_sync delta, server-wide
+	FirstErr                 string
+}
+
+// OpsPerSec is answers without error per second.
+func (r Run) OpsPerSec() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests-r.Errors) / r.Elapsed.Seconds()
+}
+
+// FlushesPerExecution is wal_sync per first execution.
+func (r Run) FlushesPerExecution() float64 {
+	if r.Executed == 0 {
+		return 0
+	}
+	return float64(r.WALSyncs) / float64(r.Executed)
+}
+
+type config struct {
+	dbURL, redisAddr string
+	callers          []int
+	strategies       []string
+	rounds           int
+	run              time.Duration
+	replayKeys       int
+	baseline         string
+	progress         io.Writer
+}
+
+// Command is `go run ./bench http [flags]`.
+func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("http", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./bench http [flags]\n\n"+
+			"Compares the whole request over HTTP on loopback: the guard's middleware, the minimal SQL behind the\n"+
+			"same HTTP path and, with -baseline, the guard of an earlier build; first executions and replays,\n"+
+			"closed loop, interleaved ABBA rounds; and disk flushes per first execution.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	env := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var (
+		dbURL      = fs.String("database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
+		redisAddr  = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
+		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
+		strategies = fs.String("strategies", "table,hybrid", "strategies")
+		rounds     = fs.Int("rounds", 6, "ABBA rounds per strategy, caller count and scenario (at least 2)")
+		runFor     = fs.Duration("run", 2*time.Second, "how long each implementation runs per round")
+		replayKeys = fs.Int("replay-keys", 500, "keys answered before each replay run, which its requests repeat")
+		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
+		outDir     = fs.String("out", "bench-report-http", "report directory (created; its files replaced)")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: split(*strategies), rounds: *rounds, run: *runFor,
+		replayKeys: *replayKeys, baseline: *baseline, progress: stdout}
+	for _, s := range split(*callers) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			fmt.Fprintf(stderr, "http: -callers: %q is not a positive count\n", s)
+			return 2
+		}
+		cfg.callers = append(cfg.callers, n)
+	}
+	if fs.NArg() > 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 {
+		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, and -callers")
+		return 2
+	}
+	started := time.Now()
+	runs, err := sweep(ctx, cfg)
+	interrupted := ctx.Err() != nil
+	if err != nil && !interrupted {
+		fmt.Fprintf(stderr, "http: %v\n", err)
+		return 1
+	}
+	var b strings.Builder
+	markdown(&b, cfg, runs, commandLine(fs), started, interrupted)
+	fmt.Fprint(stdout, "\n"+b.String())
+	if err := write(*outDir, b.String(), runs); err != nil {
+		fmt.Fprintf(stderr, "http: writing the report: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nreport: %s/report.md (also runs.csv)\n", *outDir)
+	if interrupted {
+		return 130
+	}
+	return 0
+}
+
+func sweep(ctx context.Context, cfg config) ([]Run, error) {
+	env, err := target.Open(ctx, target.Config{DatabaseURL: cfg.dbURL, RedisAddr: cfg.redisAddr, PoolSize: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close(context.WithoutCancel(ctx))
+	impls := implementations(cfg)
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var runs []Run
+	var seq atomic.Int64
+	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-8s %9s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "errors")
+	for _, strategy := range cfg.strategies {
+		for _, conc := range cfg.callers {
+			fleets := map[string]*fleet.Fleet{}
+			closeAll := func() {
+				for _, f := range fleets {
+					_ = f.Close()
+				}
+			}
+			for _, impl := range impls {
+				fc := fleet.Config{Binary: self, DatabaseURL: cfg.dbURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
+					Prefix: env.Prefix, Strategy: strategy, PoolSize: conc, RedisPoolSize: conc, MaxInFlight: conc}
+				switch impl {
+				case Minimal:
+					fc.Impl = target.Minimal
+				case GuardSync:
+					fc.SyncAnswers = true
+				case Before:
+					fc.Binary = cfg.baseline
+				}
+				f, err := fleet.Start(ctx, fc, 1)
+				if err != nil {
+					closeAll()
+					return runs, fmt.Errorf("%s worker: %w", impl, err)
+				}
+				fleets[impl] = f
+			}
+			for _, impl := range impls { // dial the pools, load the scripts
+				if _, err := runOne(ctx, env, fleets[impl], impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
+					closeAll()
+					return runs, err
+				}
+			}
+			for round := range cfg.rounds {
+				order := slices.Clone(impls)
+				if round%2 == 1 {
+					slices.Reverse(order)
+				}
+				for _, sc := range []string{Unique, Replay} {
+					for _, impl := range order {
+						r, err := runOne(ctx, env, fleets[impl], impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
+						if err != nil {
+							closeAll()
+							return runs, err
+						}
+						r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = strategy, sc, impl, conc, round+1
+						runs = append(runs, r)
+						fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-8s %9.0f %8.3f %7d\n",
+							strategy, sc, conc, round+1, impl, r.OpsPerSec(), r.FlushesPerExecution(), r.Errors)
+					}
+				}
+			}
+			closeAll()
+		}
+	}
+	return runs, nil
+}
+
+// settledWALSyncs makes the worker's connections publish their statistics
+// (POST /stats), gives the WAL writer one cycle (wal_writer_delay, 200ms by
+// default) to publish its own, and reads the server's WAL flush count.
+func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int64, error) {
+	if _, err := f.Collect(ctx); err != nil {
+		return 0, err
+	}
+	t := time.NewTimer(250 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	for _, conn := range env.Pool.AcquireAllIdle(ctx) {
+		_, _ = conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		conn.Release()
+	}
+	return walSyncs(ctx, env)
+}
+
+// implementations are what a run compares: the minimal SQL, this build's
+// guard with the asynchronous and the synchronous answer write, and the
+// baseline's guard when there is one.
+func implementations(cfg config) []string {
+	impls := []string{Minimal, Guard, GuardSync}
+	if cfg.baseline != "" {
+		impls = append(impls, Before)
+	}
+	return impls
+}
+
+func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
+	var n int64
+	err := env.Pool.QueryRow(ctx, "SELECT wal_sync FROM pg_stat_wal").Scan(&n)
+	return n, err
+}
+
+// runOne truncates impl's table and, for replays, answers replayKeys keys
+// first; then runs conc callers closed loop for d.
+func runOne(ctx context.Context, env *target.Env, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
+	replayKeys int, seq *atomic.Int64) (Run, error) {
+	var r Run
+	table := target.GuardTable
+	if impl == Minimal {
+		table = target.MinimalTable
+	}
+	if err := env.Truncate(ctx, table); err != nil {
+		return r, err
+	}
+	key := func(k int64) (string, string) {
+		return "h" + strconv.FormatInt(k, 36), "user-" + strconv.FormatInt(k%1000, 10)
+	}
+	var keys []int64
+	if scenario == Replay {
+		// Answered by as many callers as the run has, so that preparing
+		// costs about what it would at that concurrency.
+		keys = make([]int64, replayKeys)
+		for i := range keys {
+			keys[i] = seq.Add(1)
+		}
+		var (
+			next    atomic.Int64
+			prepErr error
+			once    sync.Once
+			wg      sync.WaitGroup
+		)
+		for range conc {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
+					kk, scope := key(keys[i])
+					if out, err := f.Post(ctx, 0, kk, scope); err != nil || out != idem.OutcomeExecuted.String() {
+						once.Do(func() { prepErr = fmt.Errorf("%s: preparing a replay: %s %v", impl, out, err) })
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if prepErr != nil {
+			return r, prepErr
+		}
+	}
+	w0, err := settledWALSyncs(ctx, env, f)
+	if err != nil {
+		return r, err
+	}
+	var (
+		requests, errs, executed atomic.Int64
+		errOnce                  sync.Once
+		wg                       sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for c := range conc {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c), uint64(start.UnixNano())))
+			for ctx.Err() == nil && time.Now().Before(deadline) {
+				var k int64
+				if scenario == Replay {
+					k = keys[rng.IntN(len(keys))]
+				} else {
+					k = seq.Add(1)
+				}
+				kk, scope := key(k)
+				out, err := f.Post(ctx, 0, kk, scope)
+				requests.Add(1)
+				want := idem.OutcomeExecuted.String()
+				if scenario == Replay {
+					want = idem.OutcomeReplayed.String()
+				}
+				if err == nil && out != want {
+					err = fmt.Errorf("%s: outcome %s, want %s", impl, out, want)
+				}
+				if err != nil {
+					errs.Add(1)
+					errOnce.Do(func() { r.FirstErr = err.Error() })
+					continue
+				}
+				if out == idem.OutcomeExecuted.String() {
+					executed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.Elapsed = time.Since(start)
+	w1, err := settledWALSyncs(ctx, env, f)
+	if err != nil {
+		return r, err
+	}
+	r.Requests, r.Errors, r.Executed, r.WALSyncs = requests.Load(), errs.Load(), executed.Load(), w1-w0
+	return r, ctx.Err()
+}
+
+// ratio is the median, lowest and highest over the rounds of a ÷ b, each
+// round's two runs paired.
+type ratio struct{ median, low, high float64 }
+
+func ratios(runs []Run, strategy, scenario string, conc int, a, b string, metric func(Run) float64) (ratio, bool) {
+	byRound := map[int][2]float64{}
+	for _, r := range runs {
+		if r.Strategy != strategy || r.Scenario != scenario || r.Callers != conc {
+			continue
+		}
+		p := byRound[r.Round]
+		switch r.Impl {
+		case a:
+			p[0] = metric(r)
+		case b:
+			p[1] = metric(r)
+		}
+		byRound[r.Round] = p
+	}
+	var xs []float64
+	for _, p := range byRound {
+		if p[0] > 0 && p[1] > 0 {
+			xs = append(xs, p[0]/p[1])
+		}
+	}
+	if len(xs) == 0 {
+		return ratio{}, false
+	}
+	return ratio{median(xs), slices.Min(xs), slices.Max(xs)}, true
+}
+
+func medianOf(runs []Run, strategy, scenario, impl string, conc int, metric func(Run) float64) float64 {
+	var xs []float64
+	for _, r := range runs {
+		if r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl {
+			xs = append(xs, metric(r))
+		}
+	}
+	return median(xs)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func markdown(w io.Writer, cfg config, runs []Run, command string, started time.Time, interrupted bool) {
+	fmt.Fprintf(w, "# The whole request over HTTP\n\n")
+	if interrupted {
+		fmt.Fprintf(w, "**Interrupted**: only the runs that ended are reported.\n\n")
+	}
+	fmt.Fprintf(w, "Command: `%s`  \nStarted %s, took %s. One worker process per implementation on loopback, "+
+		"its pgx and Redis pools as large as the callers; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
+		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
+		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
+		cfg.rounds, cfg.run, cfg.replayKeys)
+	impls := implementations(cfg)
+	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardSync}}
+	if cfg.baseline != "" {
+		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
+	}
+	fmt.Fprintf(w, "| strategy | scenario | callers |")
+	for _, impl := range impls {
+		fmt.Fprintf(w, " %s ops/s |", impl)
+	}
+	for _, p := range pairs {
+		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
+	}
+	fmt.Fprintf(w, "\n|---|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(pairs)))
+	for _, st := range cfg.strategies {
+		for _, sc := range []string{Unique, Replay} {
+			for _, conc := range cfg.callers {
+				fmt.Fprintf(w, "| %s | %s | %d |", st, sc, conc)
+				for _, impl := range impls {
+					fmt.Fprintf(w, " %.0f |", medianOf(runs, st, sc, impl, conc, Run.OpsPerSec))
+				}
+				for _, p := range pairs {
+					if x, ok := ratios(runs, st, sc, conc, p[0], p[1], Run.OpsPerSec); ok {
+						fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
+					} else {
+						fmt.Fprintf(w, " - |")
+					}
+				}
+				fmt.Fprintln(w)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\nDisk flushes per first execution (median of the rounds; ratio: median of the rounds' ratios):\n\n| strategy | callers |")
+	for _, impl := range impls {
+		fmt.Fprintf(w, " %s |", impl)
+	}
+	flushPairs := [][2]string{{Guard, GuardSync}}
+	if cfg.baseline != "" {
+		flushPairs = append(flushPairs, [2]string{Guard, Before})
+	}
+	for _, p := range flushPairs {
+		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
+	}
+	fmt.Fprintf(w, "\n|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(flushPairs)))
+	for _, st := range cfg.strategies {
+		for _, conc := range cfg.callers {
+			fmt.Fprintf(w, "| %s | %d |", st, conc)
+			for _, impl := range impls {
+				fmt.Fprintf(w, " %.3f |", medianOf(runs, st, Unique, impl, conc, Run.FlushesPerExecution))
+			}
+			for _, p := range flushPairs {
+				if x, ok := ratios(runs, st, Unique, conc, p[0], p[1], Run.FlushesPerExecution); ok {
+					fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
+				} else {
+					fmt.Fprintf(w, " - |")
+				}
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	var errs int64
+	for _, r := range runs {
+		errs += r.Errors
+	}
+	fmt.Fprintf(w, "\nErrors over all runs: %d. Every run is in runs.csv.\n", errs)
+}
+
+func write(dir, md string, runs []Run) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "runs.csv"))
+	if err != nil {
+		return err
+	}
+	cw := csv.NewWriter(f)
+	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "first_error"})
+	for _, r := range runs {
+		_ = cw.Write([]string{r.Strategy, r.Scenario, r.Impl, strconv.Itoa(r.Callers), strconv.Itoa(r.Round),
+			strconv.FormatInt(r.Requests, 10), strconv.FormatInt(r.Errors, 10), strconv.FormatInt(r.Executed, 10),
+			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64), strconv.FormatFloat(r.OpsPerSec(), 'f', 1, 64),
+			strconv.FormatInt(r.WALSyncs, 10), r.FirstErr})
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func split(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func commandLine(fs *flag.FlagSet) string {
+	parts := []string{"go run ./bench http"}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "database-url" {
+			parts = append(parts, "-database-url <redacted>")
+			return
+		}
+		parts = append(parts, "-"+f.Name+" "+f.Value.String())
+	})
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,58 @@
+package target
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
+)
+
+// TestMinimalHandler checks that the minimal SQL behind HTTP answers what
+// the guard's middleware answers: the handler's answer once, the same bytes
+// replayed, 422 for the key with another body.
+func TestMinimalHandler(t *testing.T) {
+	env := open(t)
+	for _, strategy := range []string{Table, Hybrid} {
+		t.Run(strategy, func(t *testing.T) {
+			var runs int
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs++
+				Handler(0).ServeHTTP(w, r)
+			})
+			h, err := MinimalHandler(env, strategy, func(r *http.Request) string { return r.Header.Get("X-User") }, next)
+			require.NoError(t, err)
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			post := func(body string) (*http.Response, string) {
+				req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
+				require.NoError(t, err)
+				req.Header.Set(idem.HeaderKey, "k-"+strategy)
+				req.Header.Set("X-User", "user-1")
+				resp, err := srv.Client().Do(req)
+				require.NoError(t, err)
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				resp.Body.Close()
+				return resp, string(b)
+			}
+			first, firstBody := post(`{"a":1}`)
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			require.Empty(t, first.Header.Get(idem.HeaderReplayed))
+			again, againBody := post(`{"a":1}`)
+			require.Equal(t, http.StatusCreated, again.StatusCode)
+			require.Equal(t, "true", again.Header.Get(idem.HeaderReplayed))
+			require.Equal(t, firstBody, againBody)
+			require.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
+			reused, _ := post(`{"a":2}`)
+			require.Equal(t, http.StatusUnprocessableEntity, reused.StatusCode)
+			require.Equal(t, 1, runs)
+		})
+	}
+	_, err := MinimalHandler(env, "nope", nil, nil)
+	require.Error(t, err)
+}
