@@ -13,10 +13,11 @@ import (
 // Every execution of the same intent derives the same ID: the work (with
 // IntentFromContext) and a reconciler (with reconcile.Item.Intent), also after
 // a crash and a restart. Different intents or purposes never share one; a key
-// reused after it expired is a new intent, so it derives a new ID. Give the
-// resources the work creates such IDs (an order's public id, say) and make
-// them unique in your own tables, and DownstreamKey gives the provider the
-// same key for the same intent.
+// reused after it expired is a new intent, so it derives a new ID; a key
+// released because nothing happened keeps its intent, so the next attempt
+// derives the same ID. Give the resources the work creates such IDs (an
+// order's public id, say) and make them unique in your own tables, and
+// DownstreamKey gives the provider the same key for the same intent.
 func DeriveID(prefix, purpose string, intent IntentID) string {
 	fp := HashParts([]byte("idem/derive/v2"), []byte(purpose), intent[:])
 	enc := base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(fp[:17])

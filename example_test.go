@@ -134,10 +134,8 @@ func ExampleGuard_Do() {
 
 	msg := []byte(`{"invoice":"inv_1","amount":4200}`)
 	req := idem.Request{Scope: "tenant-7", Key: "msg-1", Fingerprint: idem.HashParts([]byte("invoice.pay"), msg)}
-	var intent idem.IntentID // the claim the payment ran under; a reconciler gets it as Item.Intent
 	pay := func(status int) idem.Work {
 		return func(ctx context.Context) (idem.Response, error) {
-			intent, _ = idem.IntentFromContext(ctx)
 			return idem.Response{Status: status, Body: []byte("paid")}, nil
 		}
 	}
@@ -146,8 +144,14 @@ func ExampleGuard_Do() {
 	fmt.Println(out)
 	_, out, err = guard.Do(ctx, req, pay(http.StatusOK)) // redelivery: unknown yet
 	fmt.Println(out, err)
-	// Reconciliation learned that the payment went through.
-	if err := guard.Settle(ctx, req.Scope, req.Key, intent, idem.Response{Status: http.StatusOK, Body: []byte("paid")}); err != nil {
+	// Reconciliation learned that the payment went through. Settle acts only
+	// on the attempt it names by its owner token (a reconciler passes the
+	// one it listed).
+	row, err := store.Get(ctx, req.Scope, req.Key)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := guard.Settle(ctx, req.Scope, req.Key, row.Owner, idem.Response{Status: http.StatusOK, Body: []byte("paid")}); err != nil {
 		log.Fatal(err)
 	}
 	resp, out, _ := guard.Do(ctx, req, pay(http.StatusOK))

@@ -19,15 +19,17 @@ func executionFrom(ctx context.Context) *execution {
 	return x
 }
 
-// execution is one run of the work under a claimed durable row. Its owner
-// token is the row's, and the intent's ID.
+// execution is one run of the work under a claimed durable row: one attempt
+// of the row's intent. Its owner token is the row's, for this attempt only.
 type execution struct {
 	g         *Guard
 	req       Request
-	owner     durable.Token
-	expires   time.Time   // when the claimed row expires in the store, on the local monotonic clock
-	claimed   time.Time   // when the claim returned (local clock): the work's deadline counts from here
-	retrySafe atomic.Bool // MarkRetrySafe was called
+	owner     durable.Token // the attempt's: the owner checks compare it
+	intent    IntentID      // the row's intent, kept across releases
+	attempt   int           // which attempt of the intent: 1, 2, ...
+	expires   time.Time     // when the claimed row expires in the store, on the local monotonic clock
+	claimed   time.Time     // when the claim returned (local clock): the work's deadline counts from here
+	retrySafe atomic.Bool   // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
 	// whether that transaction committed is checked after the work.
@@ -269,9 +271,9 @@ func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 		slog.String("op", op), slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 }
 
-// release deletes the claimed row (nothing happened: the next retry runs)
-// and, in hybrid mode, the key's lease, so that the retry is not refused
-// from it.
+// release marks the claimed row released (nothing happened: the next retry
+// runs, as the next attempt of the same intent) and, in hybrid mode, deletes
+// the key's lease, so that the retry is not refused from it.
 func (x *execution) release(ctx context.Context) {
 	sctx := x.g.storeContext(ctx)
 	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)

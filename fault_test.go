@@ -546,16 +546,16 @@ func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Durati
 			errs[i] = fmt.Errorf("read %s: %w", in.key, err)
 			return
 		}
-		intent := idem.IntentID(rec.Owner)
+		owner := rec.Owner
 		if ch := in.charged(); len(ch) > 0 {
-			if err := r.guard.Settle(ctx, in.scope, in.key, intent, ch[len(ch)-1].answer); err != nil {
+			if err := r.guard.Settle(ctx, in.scope, in.key, owner, ch[len(ch)-1].answer); err != nil {
 				errs[i] = fmt.Errorf("settle %s: %w", in.key, err)
 			} else {
 				settled.Add(1)
 			}
 			return
 		}
-		if err := r.guard.Release(ctx, in.scope, in.key, intent); err != nil {
+		if err := r.guard.Release(ctx, in.scope, in.key, owner); err != nil {
 			errs[i] = fmt.Errorf("release %s: %w", in.key, err)
 		}
 		released.Add(1)
@@ -1025,7 +1025,7 @@ func TestFaultHybridLostStoreStaysInProgress(t *testing.T) {
 	require.Equal(t, http.StatusConflict, r.send(ctx, in, true).status, "in progress after the lease, too")
 	require.Len(t, in.charged(), 1, "the work must not run a second time")
 
-	require.NoError(t, r.guard.Settle(ctx, in.scope, in.key, intentOf(t, r.store, in.scope, in.key), in.charged()[0].answer))
+	require.NoError(t, r.guard.Settle(ctx, in.scope, in.key, ownerOf(t, r.store, in.scope, in.key), in.charged()[0].answer))
 	require.Equal(t, first, r.send(ctx, in, false), "settled to the answer the client was told")
 }
 

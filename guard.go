@@ -50,9 +50,10 @@ type Store interface {
 	Get(ctx context.Context, scope, key string) (durable.Record, error)
 	Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error
 	Release(ctx context.Context, scope, key string, owner durable.Token) error
-	// Retention is how long a key lives from its claim. The Guard refuses a
-	// retention not longer than its MaxHold, and never caches an answer
-	// past its key's expiry.
+	// Retention is how long a key lives after its answer (or release); a
+	// key in progress never expires. The Guard refuses a retention not
+	// longer than its MaxHold, and never caches an answer past its key's
+	// expiry.
 	Retention() time.Duration
 }
 
@@ -394,11 +395,16 @@ func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record, rea
 		return Response{}, OutcomeKeyReused, ErrKeyReused
 	case rec.Answer == nil:
 		g.tel.add(ctx, evInProgress)
-		if time.Since(rec.CreatedAt) > g.MaxHold() {
-			// No running request holds a key this long: its outcome is
-			// unknown until a reconciler settles it. (created_at is the
-			// database's clock; skew of a few seconds only shifts when a
-			// key starts being reported pending.)
+		hold := rec.HoldUntil
+		if hold.IsZero() { // a row claimed before migration 0005
+			hold = rec.CreatedAt.Add(g.MaxHold())
+		}
+		if time.Now().After(hold) {
+			// The execution that claimed the key has ended for sure (its
+			// own deadline, whichever Guard claimed it): its outcome is
+			// unknown until a reconciler settles it. (The deadline is on
+			// the database's clock; skew of a few seconds only shifts when
+			// a key starts being reported pending.)
 			return Response{}, OutcomeInProgress, ErrPending
 		}
 		return Response{}, OutcomeInProgress, ErrInProgress
@@ -466,19 +472,21 @@ func (g *Guard) MaxHold() time.Duration {
 
 // Settle stores the final answer of a key left in progress (by a 5xx, an
 // error, a crash), so that its next retry is replayed resp. In the hybrid
-// strategy the key's lease then holds a copy of it, read back from the row. Use it once the
-// real outcome is known. It acts only on the claim of intent, the key's
-// IntentID (reconcile.Item.Intent, or the owner token of the row read with
-// the store's Get): a key released and claimed again meanwhile is a new
-// intent, and Settle then returns durable.ErrNotOwner and changes nothing.
-// It returns durable.ErrNotFound when no live row exists and
-// durable.ErrCompleted when the key already has another answer; settling the
-// same answer twice is not an error. resp must be storable (100-499 but 429).
-func (g *Guard) Settle(ctx context.Context, scope, key string, intent IntentID, resp Response) error {
+// strategy the key's lease then holds a copy of it, read back from the row.
+// Use it once the real outcome is known, and only once the attempt's execution has ended
+// (the row's HoldUntil has passed; a reconciler waits for it). It acts only
+// on the attempt whose owner token is owner (the row's Owner, as the store's
+// Get returns it; a reconciler passes the one it listed): a key released and
+// claimed again meanwhile is another attempt, and Settle then returns
+// durable.ErrNotOwner and changes nothing. It returns durable.ErrNotFound
+// when no live row exists (or it was released) and durable.ErrCompleted when
+// the key already has another answer; settling the same answer twice is not
+// an error. resp must be storable (100-499 but 429).
+func (g *Guard) Settle(ctx context.Context, scope, key string, owner durable.Token, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
-	if err := g.store.Complete(ctx, scope, key, durable.Token(intent), durable.Answer(resp)); err != nil {
+	if err := g.store.Complete(ctx, scope, key, owner, durable.Answer(resp)); err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
 	if g.lock != nil {
@@ -490,14 +498,17 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, intent IntentID, 
 	return nil
 }
 
-// Release deletes a key left in progress, declaring that its intent had no
-// effect: the next retry runs the work, as a new intent. In the hybrid
-// strategy the key's lease is deleted too. Like Settle it acts
-// only on the claim of intent (durable.ErrNotOwner otherwise), returns
-// durable.ErrNotFound when no live row exists, and durable.ErrCompleted when
-// the key has an answer, which is never released.
-func (g *Guard) Release(ctx context.Context, scope, key string, intent IntentID) error {
-	if err := g.store.Release(ctx, scope, key, durable.Token(intent)); err != nil {
+// Release releases a key left in progress, declaring that its attempt had no
+// effect: the next retry runs the work, as the next attempt of the same
+// intent (the same IntentID, so the same DeriveID names and DownstreamKey),
+// and the same key with another request is still refused (ErrKeyReused).
+// Like Settle it acts only on the attempt of owner (durable.ErrNotOwner
+// otherwise), returns durable.ErrNotFound when no live row exists or it was
+// released already, and durable.ErrCompleted when the key has an answer,
+// which is never released. In the hybrid strategy the key's lease is deleted
+// too.
+func (g *Guard) Release(ctx context.Context, scope, key string, owner durable.Token) error {
+	if err := g.store.Release(ctx, scope, key, owner); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}
 	if g.lock != nil {

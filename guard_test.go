@@ -110,14 +110,15 @@ func forEachStrategy(t *testing.T, fn func(t *testing.T, strategy string)) {
 
 func newKey() string { return "key-" + rand.Text() }
 
-// intentOf is the IntentID of the key's live row, as a reconciler lists it.
-func intentOf(t *testing.T, s interface {
+// ownerOf returns the owner token of the key's current attempt, which
+// Settle and Release check.
+func ownerOf(t *testing.T, s interface {
 	Get(context.Context, string, string) (durable.Record, error)
-}, scope, key string) idem.IntentID {
+}, scope, key string) durable.Token {
 	t.Helper()
 	rec, err := s.Get(context.Background(), scope, key)
 	require.NoError(t, err)
-	return idem.IntentID(rec.Owner)
+	return rec.Owner
 }
 
 func req(scope, key, body string) idem.Request {
@@ -364,7 +365,7 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		}
 		require.EqualValues(t, 1, w.n.Load())
 
-		intent := intentOf(t, b.store, r.Scope, r.Key)
+		intent := ownerOf(t, b.store, r.Scope, r.Key)
 		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("settled")))
 		require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("settled")), "the same answer again")
 		resp, out, err = b.guard.Do(ctx, r, w.work)
@@ -377,7 +378,7 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		// Release: "nothing happened", the next retry runs.
 		r2 := req("u", newKey(), "pay")
 		_, _, _ = b.guard.Do(ctx, r2, w.work)
-		require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, intentOf(t, b.store, r2.Scope, r2.Key)))
+		require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, ownerOf(t, b.store, r2.Scope, r2.Key)))
 		ok := &counter{resp: created("after-release")}
 		_, out, err = b.guard.Do(ctx, r2, ok.work)
 		require.NoError(t, err)
@@ -513,7 +514,8 @@ func TestAnswerStoredAfterCallerCancels(t *testing.T) {
 	})
 }
 
-// An expired key is a new intent, even before any sweep: it runs again
+// An expired key (answered longer than the retention ago) is a new intent,
+// even before any sweep: it runs again
 // under a new IntentID, so what it derives (an order id, a provider key) is
 // new too.
 func TestExpiredKeyIsNewIntent(t *testing.T) {
@@ -530,7 +532,7 @@ func TestExpiredKeyIsNewIntent(t *testing.T) {
 		}
 		first, _, err := b.guard.Do(ctx, r, work)
 		require.NoError(t, err)
-		_, err = b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '25 hours' WHERE key = $1", r.Key)
+		_, err = b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '25 hours', completed_at = now() - interval '25 hours' WHERE key = $1", r.Key)
 		require.NoError(t, err)
 		// The copy of the first answer expired before the key did (its TTL
 		// is at most the key's remaining retention).
@@ -544,7 +546,7 @@ func TestExpiredKeyIsNewIntent(t *testing.T) {
 
 		rec, err := b.store.Get(ctx, r.Scope, r.Key)
 		require.NoError(t, err)
-		require.Equal(t, intents[1], idem.IntentID(rec.Owner), "the row names the intent")
+		require.Equal(t, intents[1], idem.IntentID(rec.Intent), "the row names the intent")
 	})
 }
 
@@ -620,7 +622,7 @@ func TestTakenOverClaimIsDetected(t *testing.T) {
 		ctx := context.Background()
 		r := req("u", newKey(), "x")
 		_, out, err := b.guard.Do(ctx, r, func(ctx context.Context) (idem.Response, error) {
-			require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, intentOf(t, b.store, r.Scope, r.Key)))
+			require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, ownerOf(t, b.store, r.Scope, r.Key)))
 			if b.mr != nil {
 				b.mr.FlushAll()
 			}
@@ -845,10 +847,10 @@ func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	_, _, _ = b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
-	intent := intentOf(t, b.store, r.Scope, r.Key)
+	intent := ownerOf(t, b.store, r.Scope, r.Key)
 
-	require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, idem.IntentID{9}, created("x")), durable.ErrNotOwner)
-	require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, idem.IntentID{9}), durable.ErrNotOwner)
+	require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, durable.Token{9}, created("x")), durable.ErrNotOwner)
+	require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, durable.Token{9}), durable.ErrNotOwner)
 	require.ErrorContains(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, idem.Response{Status: 500}), "cannot be stored")
 	require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("owned")))
 	resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
@@ -858,7 +860,7 @@ func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 
 	r2 := req("u", newKey(), "y")
 	_, _, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
-	old := intentOf(t, b.store, r2.Scope, r2.Key)
+	old := ownerOf(t, b.store, r2.Scope, r2.Key)
 	require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, old))
 	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
 	require.NoError(t, err)
@@ -952,7 +954,7 @@ func TestLostReplyToCommittedClaim(t *testing.T) {
 
 		rec, err := b.store.Get(ctx, r.Scope, r.Key)
 		require.NoError(t, err)
-		require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, idem.IntentID(rec.Owner)))
+		require.NoError(t, b.guard.Release(ctx, r.Scope, r.Key, rec.Owner))
 		_, out, err = b.guard.Do(ctx, r, w.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out)

@@ -279,7 +279,10 @@ func ageRow(t *testing.T, s *durable.Store, rq idem.Request, by time.Duration) {
 	t.Helper()
 	db := testdb.Pool(t)
 	tag, err := db.Exec(t.Context(),
-		`UPDATE `+s.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond' WHERE user_id = $1 AND key = $2`,
+		`UPDATE `+s.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond',
+			hold_until = hold_until - $3::bigint * interval '1 microsecond',
+			completed_at = completed_at - $3::bigint * interval '1 microsecond'
+		WHERE user_id = $1 AND key = $2`,
 		rq.Scope, rq.Key, by.Microseconds())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
@@ -315,14 +318,14 @@ func TestLeaseFollowsReleaseAndSettle(t *testing.T) {
 			require.Equal(t, idem.OutcomeExecutedPending, out)
 			rec, err := r.store.Get(t.Context(), rq.Scope, rq.Key)
 			require.NoError(t, err)
-			require.NoError(t, r.guard.Release(t.Context(), rq.Scope, rq.Key, idem.IntentID(rec.Owner)))
+			require.NoError(t, r.guard.Release(t.Context(), rq.Scope, rq.Key, rec.Owner))
 
 			_, out, _ = r.guard.Do(t.Context(), rq, fail)
 			require.Equal(t, idem.OutcomeExecutedPending, out, "a released key runs again")
 			rec, err = r.store.Get(t.Context(), rq.Scope, rq.Key)
 			require.NoError(t, err)
 			settled := created("o-4")
-			require.NoError(t, r.guard.Settle(t.Context(), rq.Scope, rq.Key, idem.IntentID(rec.Owner), settled))
+			require.NoError(t, r.guard.Settle(t.Context(), rq.Scope, rq.Key, rec.Owner, settled))
 
 			resp, out, err, calls := r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)

@@ -203,7 +203,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 
 		// Once no running request can hold it (older than MaxHold), the
 		// key waits for reconciliation: its own problem, a longer wait.
-		_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", k504)
+		_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", k504)
 		require.NoError(t, err)
 		hb.forgetLease(t, "alice", k504) // its 30 s have passed too
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
@@ -222,7 +222,7 @@ func TestMiddlewareRetryHints(t *testing.T) {
 	send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
 	a := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
 	requireRetryAfter(t, a.header, 2*time.Second) // 1.5s: rounded up to whole seconds
-	_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes' WHERE key = $1", k)
+	_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", k)
 	require.NoError(t, err)
 	a = send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
 	require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)

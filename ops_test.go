@@ -78,7 +78,7 @@ func TestCacheServesFinishedAnswersOnly(t *testing.T) {
 		}
 
 		// Settled later: the retry reads the settled answer.
-		require.NoError(t, b.guard.Settle(ctx, p.Scope, p.Key, intentOf(t, b.store, p.Scope, p.Key), created("settled")))
+		require.NoError(t, b.guard.Settle(ctx, p.Scope, p.Key, ownerOf(t, b.store, p.Scope, p.Key), created("settled")))
 		resp, out, err := b.guard.Do(ctx, p, w.work)
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out)

@@ -18,7 +18,8 @@ const (
 	// OutcomeExecutedPending: the work ran but its answer is not stored: it
 	// was a 5xx or an error ("we don't know yet"), or storing it failed. The
 	// key stays in progress, so retries get ErrInProgress until the key is
-	// settled ([Guard.Settle]) or released ([Guard.Release]), or expires.
+	// settled ([Guard.Settle]) or released ([Guard.Release]); it never
+	// expires meanwhile.
 	OutcomeExecutedPending
 	// OutcomeExecutedReleased: the work ran and declared that nothing
 	// happened (a 429, [MarkRetrySafe], or an error wrapping [ErrRetrySafe]);

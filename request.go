@@ -76,18 +76,21 @@ type Response struct {
 //   - 429, an error wrapping ErrRetrySafe, or MarkRetrySafe called: the key is
 //     released, the next retry runs the work again;
 //   - 5xx or any other error: not stored, the key stays in progress until it
-//     is settled or released, or expires.
+//     is settled or released (it never expires meanwhile).
 type Work func(ctx context.Context) (Response, error)
 
-// IntentID identifies one intent: the claim under which a key's work runs.
-// Every claim draws a new random IntentID and stores it in the key's row
-// (the owner token), so the work, every retry that finds the row, and a
-// reconciler looking at it later (reconcile.Item.Intent) all see the same
-// one. A key claimed again after it expired, or after it was released
-// because nothing happened, is a new intent with a new IntentID.
+// IntentID identifies one intent: what a client meant by sending a key. The
+// first claim of a key draws a random IntentID and stores it in the key's
+// row, so the work, every retry that finds the row, and a reconciler looking
+// at it later (reconcile.Item.Intent) all see the same one. A key released
+// because nothing happened keeps its IntentID: the next claim is another
+// attempt of the same intent (see [AttemptFromContext]). Only a key claimed
+// again after it expired is a new intent with a new IntentID.
 //
-// Name what the work creates after it (DeriveID): a reused key after expiry
-// then creates a new order and a new charge, not the old order's replay.
+// Name what the work creates after it (DeriveID): a retry after a release,
+// even a wrong one, then meets the same order and the provider's own
+// idempotency under the same key (DownstreamKey), not a second charge; and a
+// key reused after expiry creates a new order, not the old order's replay.
 type IntentID [16]byte
 
 // String returns the ID as 26 lowercase base32 characters.
@@ -124,11 +127,36 @@ func RequestFromContext(ctx context.Context) (Request, bool) {
 
 // IntentFromContext returns the IntentID of the guarded execution that ctx
 // belongs to. Handlers derive the identifiers of what they create from it
-// with DeriveID.
+// with DeriveID; it is the same in every attempt of the intent.
 func IntentFromContext(ctx context.Context) (IntentID, bool) {
 	x := executionFrom(ctx)
 	if x == nil {
 		return IntentID{}, false
 	}
-	return IntentID(x.owner), true
+	return x.intent, true
+}
+
+// AttemptFromContext returns which attempt of its intent the guarded
+// execution that ctx belongs to is: 1 for the first claim of the key, then
+// one more after each release (the work returned 429 or ErrRetrySafe, called
+// MarkRetrySafe, or a reconciler found that nothing happened). A reconciler
+// sees the same number (reconcile.Item.Attempt).
+//
+// Most providers should see one key per intent, the same in every attempt
+// (DownstreamKey over a DeriveID of the intent), so that a release made in
+// error meets their idempotency instead of charging twice. A provider that
+// stores an error answer under its key (and replays it to every retry of
+// the key) needs a fresh key per attempt instead: derive it from the attempt
+// too, for example
+//
+//	attempt, _ := idem.AttemptFromContext(ctx)
+//	id := idem.DeriveID("ch_", "charge/"+strconv.Itoa(attempt), intent)
+//
+// and have the reconciler look up every attempt up to Item.Attempt.
+func AttemptFromContext(ctx context.Context) (int, bool) {
+	x := executionFrom(ctx)
+	if x == nil {
+		return 0, false
+	}
+	return x.attempt, true
 }

@@ -50,7 +50,10 @@ func pgHarness(retention time.Duration, partitions int) idemtest.Harness {
 			store := s.(*durable.Store)
 			pool, _ := pools.Load(store)
 			tag, err := pool.(*pgxpool.Pool).Exec(t.Context(),
-				`UPDATE `+store.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond'
+				`UPDATE `+store.Table()+` SET created_at = created_at - $3::bigint * interval '1 microsecond',
+					completed_at = completed_at - $3::bigint * interval '1 microsecond',
+					released_at = released_at - $3::bigint * interval '1 microsecond',
+					hold_until = hold_until - $3::bigint * interval '1 microsecond'
 				WHERE user_id = $1 AND key = $2`, scope, key, by.Microseconds())
 			require.NoError(t, err)
 			require.EqualValues(t, 1, tag.RowsAffected())

@@ -10,37 +10,47 @@
 //
 //	user_id, key       text, the primary key
 //	request_hash       bytea, the 32-byte SHA-256 Fingerprint
-//	owner_token        bytea, the 16-byte owner Token
+//	owner_token        bytea, the 16-byte owner Token of the current attempt
+//	intent_id          bytea, the 16-byte intent, kept across releases (0005)
+//	attempt            integer, which attempt of the intent (0005)
+//	hold_until         timestamptz, the current attempt's deadline (0005)
+//	released_at        timestamptz, set by a release (0005)
 //	response_status    smallint, NULL while in progress
 //	response_headers   jsonb, {"Header": ["value", ...]}
 //	response_body      bytea
-//	created_at         timestamptz, the database's now() at the claim
+//	created_at         timestamptz, the database's now() at the attempt's claim
 //	completed_at       timestamptz, the database's now() at completion
 //	reconcile_attempts integer, failed reconciliation attempts (migration 0002)
 //	reconcile_after    timestamptz, when the reconciler may try again
 //
-// A row is in progress (no answer yet) or finished; the status and
+// A row is in progress (no answer yet), finished, or released (released_at
+// set: nothing happened, and the next claim of the same request takes it
+// over as the next attempt of the same intent); the status and
 // completed_at are NULL together (the store's statements keep them so; the
 // table has no CHECK constraints, see migration 0004). Every timestamp comes from the database
 // clock, never from the application's, so instances with skewed clocks agree.
 //
 // # Retention and takeover
 //
-// A key lives for Config.Retention (24h by default) from its created_at. An
-// expired row is invisible: [Store.Get] reports ErrNotFound, and the next
-// [Store.Claim] of its key takes the row over in place (new
-// fingerprint, new owner, no answer, new created_at) as a new intent, whether
-// or not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
+// A key lives for Config.Retention (24h by default) after its answer
+// (completed_at) or its release (released_at); a row in progress never
+// expires, however old, since its outcome is unknown. An expired row is
+// invisible: [Store.Get] reports ErrNotFound, and the next [Store.Claim] of
+// its key takes the row over in place (new fingerprint, new intent, new
+// owner, attempt 1, no answer, new created_at) as a new intent, whether or
+// not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
 //
 // # One round trip
 //
 // Each call is one SQL statement, so one round trip, and safe to run
-// concurrently from any number of instances: Claim decides the winner with
-// INSERT ... ON CONFLICT DO NOTHING in the same statement that returns the
-// existing row to the losers. A lost claim (a replay, a retry in progress, a
-// reused key) locks and writes nothing: it costs what a SELECT costs;
-// Complete and Release are one guarded UPDATE or DELETE. The exceptions, each documented on its method, are a Claim that
-// finds an expired row (one more statement takes it over) or races with
+// concurrently from any number of instances: Claim reads the key's row and,
+// when there is none, decides the winner with INSERT ... ON CONFLICT DO
+// NOTHING in the same statement, which returns the existing row to the
+// losers. A lost claim (a replay, a retry in progress, a reused key) locks,
+// writes and waits for nothing: it costs what a SELECT costs; Complete and
+// Release are one guarded UPDATE. The exceptions, each documented on its
+// method, are a Claim that finds an expired or released row (one more
+// statement takes it over) or races with
 // another claimer (one more statement), the failure paths of the guarded
 // writes (one more statement to tell ErrNotFound, ErrNotOwner and
 // ErrCompleted apart), and Sweep, which repeats batches.

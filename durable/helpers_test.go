@@ -43,12 +43,17 @@ func params(t testing.TB, scope, key, body string) durable.ClaimParams {
 	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: fingerprint(body), Owner: token(t)}
 }
 
-// age moves the created_at of a row into the past, on the database clock,
-// by an interval such as '25 hours'.
+// age moves a row into the past, on the database clock, so that it was
+// claimed an interval such as '25 hours' ago: its created_at, and its
+// completed_at, released_at and hold_until by as much.
 func (b *bundle) age(t *testing.T, scope, key, by string) {
 	t.Helper()
 	tag, err := b.pool.Exec(b.ctx,
-		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval WHERE user_id = $1 AND key = $2`,
+		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval,
+			completed_at = completed_at - (created_at - (now() - $3::interval)),
+			released_at = released_at - (created_at - (now() - $3::interval)),
+			hold_until = hold_until - (created_at - (now() - $3::interval))
+		WHERE user_id = $1 AND key = $2`,
 		scope, key, by)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())

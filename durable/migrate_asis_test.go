@@ -35,6 +35,10 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	require.Equal(t, 4, checks())
 	b.applyFiles(t, conn, "0004_drop_check_constraints.up.sql")
 	require.Zero(t, checks())
+	b.applyFiles(t, conn,
+		"0005_key_lifecycle.up.sql",
+		"0005_key_lifecycle.down.sql",
+		"0005_key_lifecycle.up.sql")
 	store, err := durable.New(conn.Conn(), nil)
 	require.NoError(t, err)
 	p := params(t, "user-1", "key-1", "a")
@@ -49,10 +53,10 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	require.Nil(t, after)
 	require.NoError(t, store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
 
-	// 0003: fillfactor on the table, the reconciler's index and state table.
+	// 0003 then 0005: fillfactor on the table, the reconciler's index and state table.
 	var opts []string
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'idempotency_keys'::regclass`).Scan(&opts))
-	require.Equal(t, []string{"fillfactor=95"}, opts)
+	require.Equal(t, []string{"fillfactor=93"}, opts)
 	var n int
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys_reconcile`).Scan(&n))
 	require.Zero(t, n)

@@ -158,15 +158,15 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 	hash := make([]byte, 32)
 	with := func(key []any, more ...any) []any { return append(append([]any{}, key...), more...) }
 	return map[string]keyStatement{
-		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention)},
-		"takeover":        {s.sql.takeover, with(inProgress, hash, owner, s.retention)},
+		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
+		"takeover":        {s.sql.takeover, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
 		"get":             {s.sql.get, with(finished, s.retention)},
 		"inspect":         {s.sql.inspect, with(finished, s.retention)},
 		"complete":        {s.sql.complete, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
 		"complete+notify": {s.sql.completeNotify, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
 		"complete in tx":  {s.sql.completeIn, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
-		"release":         {s.sql.release, with(inProgress, owner, s.retention)},
-		"release+notify":  {s.sql.releaseNotify, with(inProgress, owner, s.retention, "c", "t")},
+		"release":         {s.sql.release, with(inProgress, owner)},
+		"release+notify":  {s.sql.releaseNotify, with(inProgress, owner, "c", "t")},
 	}
 }
 

@@ -6,11 +6,13 @@ import (
 )
 
 // columns is the select list every statement that returns rows uses, in the
-// order scanRecord reads them. now() is the database's clock at the
-// statement, from which the Store tells how long the row still lives
+// order scanRecord reads them. A row claimed before migration 0005 has no
+// intent_id: its intent is its owner_token. now() is the database's clock at
+// the statement, from which the Store tells how long the row still lives
 // (Record.TTL) without comparing it with any host's clock.
 const columns = `user_id, key, request_hash, owner_token, response_status,
-	response_headers, response_body, created_at, completed_at, now()`
+	response_headers, response_body, created_at, completed_at,
+	coalesce(intent_id, owner_token) AS intent_id, coalesce(attempt, 1) AS attempt, hold_until, released_at, now()`
 
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
@@ -25,79 +27,123 @@ type statements struct {
 	completeIn, completeInNotify string
 }
 
+// live is the condition under which a row is live, with the retention in
+// microseconds as parameter $n. A row expires retention after its answer
+// (completed_at) or its release (released_at); a row in progress never
+// expires, however old, so that an unanswered key can never be claimed
+// again as a new intent while its first execution's outcome is unknown.
+// A released row is not live either: no claim holds it, and the next Claim
+// takes it over (see takeable).
+func live(n int) string {
+	r := "$" + strconv.Itoa(n) + "::bigint * interval '1 microsecond'"
+	return "released_at IS NULL AND (completed_at IS NULL OR completed_at >= now() - " + r + ")"
+}
+
+// expired is the condition under which a row has expired: answered or
+// released longer than the retention ($n, microseconds) ago.
+func expired(n int) string {
+	return "coalesce(completed_at, released_at) < now() - $" + strconv.Itoa(n) + "::bigint * interval '1 microsecond'"
+}
+
 // newStatements builds the statements for the quoted, qualified table name t.
 //
 // The retention is always a parameter in microseconds, turned into an
-// interval by the database: a row is live while
-// created_at >= now() - retention, and expired after.
+// interval by the database (see live and expired).
 func newStatements(t string) *statements {
 	r := strings.NewReplacer(
 		"{t}", t,
 		"{cols}", columns,
+		"{expired5}", expired(5),
+		"{live3}", live(3),
+		"{live7}", live(7),
 	)
+	// takeable: the existing row of the key is the claim's to take over,
+	// with $3 the fingerprint, $5 the retention: it has expired (a new
+	// intent), or it was released and the request is the same (a new
+	// attempt of the same intent). A released row of another request is
+	// not: that request is refused as a reused key.
+	takeable := "coalesce(" + expired(5) + " OR (released_at IS NOT NULL AND response_status IS NULL AND request_hash = $3), false)"
+	r2 := strings.NewReplacer("{takeable}", takeable)
 	st := &statements{
-		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention,
+		// $6 intent, $7 hold (microseconds).
 		//
-		// ins inserts the row when there is none; otherwise the second
-		// branch returns the row that stopped it, with a last column that
-		// says whether it has expired. A new key costs what the bare INSERT
-		// costs: one primary-key probe (ON CONFLICT's pre-check) and the
-		// insert. When the key is taken (a replay, a retry in progress, a
-		// reused key) the INSERT writes and locks nothing: ON CONFLICT DO
-		// NOTHING skips on its pre-check, so a lost claim is a plain read,
-		// with no transaction id, no WAL and no commit flush. (ON CONFLICT
-		// DO UPDATE ... WHERE expired would lock the live row, a WAL
-		// write.) An expired row is taken over by the takeover statement,
-		// a second round trip that only a key reused after its retention
-		// and before the sweeper's pass pays.
+		// cur reads the key's row, if any, with a plain read: it waits on no
+		// row lock, so a row locked by a running transaction (a caller's
+		// transaction that completed its answer and has not committed yet)
+		// is seen as it was, in progress, and the claim answers at once.
+		// An intent equal to the owner token (the first attempt's, see
+		// ClaimParams.Intent) is stored as NULL, and so is the first
+		// attempt's number: the row grows by hold_until alone, which keeps
+		// the answer write HOT (TestAnswerWritesAreHOT).
 		//
-		// Under READ COMMITTED the second branch reads the statement's
-		// snapshot, so a row another claimer committed after it started
-		// is not seen: the statement then returns no row and Claim falls
-		// back to Get.
-		claim: r.Replace(`
-WITH ins AS (
-	INSERT INTO {t} (user_id, key, request_hash, owner_token)
-	VALUES ($1, $2, $3, $4)
+		// ins inserts the row only when cur found none, so a claim of a
+		// taken key never reaches ON CONFLICT's pre-check, which would wait
+		// for that transaction. A new key costs a primary-key probe, the
+		// pre-check and the insert; a taken key (a replay, a retry in
+		// progress, a reused key) a primary-key read, with no lock, no
+		// transaction id, no WAL and no commit flush. An expired row, or a
+		// released one retried with the same request, is taken over by
+		// the takeover statement, a second round trip.
+		//
+		// Under READ COMMITTED both read the statement's snapshot, so a row
+		// another claimer committed after it started is not seen: the
+		// INSERT then conflicts, the statement returns no row and Claim
+		// falls back to Get. (Such a conflict waits for the other
+		// claimer's INSERT to commit, which is the other claim's own
+		// round trip.)
+		claim: r2.Replace(r.Replace(`
+WITH cur AS (
+	SELECT {cols}, {takeable} AS takeable FROM {t}
+	WHERE user_id = $1 AND key = $2
+), ins AS (
+	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
+	SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interval '1 microsecond'
+	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
 )
-SELECT {cols}, true AS claimed, false AS expired FROM ins
+SELECT {cols}, true AS claimed, false AS takeable FROM ins
 UNION ALL
-SELECT {cols}, false, created_at < now() - $5::bigint * interval '1 microsecond' FROM {t}
-WHERE user_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`),
+SELECT {cols}, false, takeable FROM cur`)),
 
-		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention.
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention,
+		// $6 intent, $7 hold (microseconds).
 		//
-		// Takes over the expired row of a key: a new intent, with no
-		// answer and a fresh created_at, as if the row had been deleted
-		// and inserted again. Two takeovers of one expired row serialise
-		// on its row lock; the second re-checks the WHERE against the new
-		// version, finds it live, and updates nothing.
+		// Takes over the row of a key that is takeable: an expired row
+		// becomes a new intent ($6, attempt 1, the new fingerprint), as if
+		// it had been deleted and inserted again; a released row becomes
+		// the next attempt of its intent (same intent, attempt + 1). Either
+		// way the row gets the new owner, no answer, a fresh created_at
+		// and hold_until, and no reconciliation state. Two takeovers of
+		// one row serialise on its row lock; the second re-checks the WHERE
+		// against the new version, finds it claimed, and updates nothing.
 		//
-		// Expiry is stated as created_at + retention < now(), which no
-		// index on created_at can serve: otherwise a planner that expects
-		// no expired rows could pick that index (TestPlansUseThePrimaryKey
-		// saw it on a small table) and walk every expired row still waiting
-		// for the sweeper.
-		takeover: r.Replace(`
+		// Expiry is stated on completed_at and released_at, which no index
+		// serves: a planner can only reach the row through the primary
+		// key (TestPlansUseThePrimaryKey).
+		takeover: r2.Replace(r.Replace(`
 UPDATE {t} SET
 	request_hash       = $3,
 	owner_token        = $4,
+	intent_id          = CASE WHEN {expired5} THEN nullif($6::bytea, $4::bytea) ELSE coalesce(intent_id, owner_token) END,
+	attempt            = CASE WHEN {expired5} THEN NULL ELSE coalesce(attempt, 1) + 1 END,
 	response_status    = NULL,
 	response_headers   = NULL,
 	response_body      = NULL,
 	created_at         = now(),
 	completed_at       = NULL,
+	released_at        = NULL,
+	hold_until         = now() + $7::bigint * interval '1 microsecond',
 	reconcile_attempts = 0,
 	reconcile_after    = NULL
-WHERE user_id = $1 AND key = $2 AND created_at + $5::bigint * interval '1 microsecond' < now()
-RETURNING {cols}`),
+WHERE user_id = $1 AND key = $2 AND {takeable}
+RETURNING {cols}`)),
 
 		// $1 scope, $2 key, $3 retention.
 		get: r.Replace(`
 SELECT {cols} FROM {t}
-WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
+WHERE user_id = $1 AND key = $2 AND {live3}`),
 
 		// The answer write inside a caller's transaction (Store.WithDB),
 		// or with Config.SynchronousAnswers: see completeSQL.
@@ -113,36 +159,46 @@ WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval 
 		complete: r.Replace(strings.Replace(completeSQL, "\nWHERE ",
 			"\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS async\nWHERE ", 1)),
 
-		// $1 scope, $2 key, $3 owner, $4 retention.
+		// $1 scope, $2 key, $3 owner.
+		//
+		// Marks the owner's in-progress row released: it keeps its
+		// fingerprint and intent, so the same key with another request is
+		// still refused, and the next claim of the same request takes it
+		// over as a new attempt of the same intent. reconcile_after = NULL
+		// takes a postponed row out of the reconciler's partial index.
 		release: r.Replace(`
-DELETE FROM {t}
+UPDATE {t} SET released_at = now(), reconcile_after = NULL
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND created_at >= now() - $4::bigint * interval '1 microsecond'`),
+	AND response_status IS NULL AND released_at IS NULL`),
 
-		// $1 scope, $2 key, $3 retention. Run only after an update or delete
-		// matched no row, to tell why.
+		// $1 scope, $2 key, $3 retention. Run only after an update matched
+		// no row, to tell why.
 		inspect: r.Replace(`
 SELECT owner_token, response_status IS NOT NULL FROM {t}
-WHERE user_id = $1 AND key = $2 AND created_at >= now() - $3::bigint * interval '1 microsecond'`),
+WHERE user_id = $1 AND key = $2 AND {live3}`),
 
 		// $1 retention, $2 limit. SKIP LOCKED lets several sweepers (and
-		// a Claim taking over an expired row) run at once.
+		// a Claim taking over an expired row) run at once. Expired rows
+		// are answered or released, so their created_at is older than the
+		// retention too: the created_at index bounds the range, and rows
+		// in progress in it (never expired) are passed over.
 		sweepBatch: r.Replace(`
 DELETE FROM {t}
 WHERE (user_id, key) IN (
 	SELECT user_id, key FROM {t}
 	WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+		AND coalesce(completed_at, released_at) < now() - $1::bigint * interval '1 microsecond'
 	ORDER BY created_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 )`),
 	}
 	// The same writes announcing their key when they changed a row
-	// (Config.Notify): complete's $8 and release's $5 are the channel, the
+	// (Config.Notify): complete's $8 and release's $4 are the channel, the
 	// next parameter the key's tag.
 	st.completeNotify = withNotify(st.complete, 8)
 	st.completeInNotify = withNotify(st.completeIn, 8)
-	st.releaseNotify = withNotify(st.release, 5)
+	st.releaseNotify = withNotify(st.release, 4)
 	return st
 }
 
@@ -157,6 +213,9 @@ WHERE (user_id, key) IN (
 // reconciler's partial index once it has its answer; on every other row it is
 // already NULL, which PostgreSQL counts as unchanged.
 //
+// A row in progress never expires, so only a released one is refused by the
+// liveness check ({live7}, see live).
+//
 // Every statement says "no answer yet" as response_status IS NULL, and only
 // this one sets an answer, with its completed_at: no CHECK constraint is
 // needed to keep the two NULL together (migration 0004 dropped them).
@@ -169,7 +228,7 @@ UPDATE {t} SET
 	completed_at     = now(),
 	reconcile_after  = NULL
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND created_at >= now() - $7::bigint * interval '1 microsecond'`
+	AND response_status IS NULL AND {live7}`
 
 // withNotify wraps a write of one row so that, when it changed the row, it
 // also pg_notify's parameter $n (the channel) with $n+1 (the payload).

@@ -103,6 +103,18 @@ type ClaimParams struct {
 	Fingerprint Fingerprint
 	// Owner is the caller's fresh random token; it must not be zero.
 	Owner Token
+	// Intent is a fresh random token for the key's intent, used when the
+	// claim creates the key's row or takes over an expired one; a claim
+	// that takes over a released row keeps that row's intent. Zero (the
+	// Guard's choice): Owner is used, and stored as no intent_id at all,
+	// which keeps the row as narrow as before migration 0005 and the
+	// answer write HOT; the next attempt's owner differs all the same.
+	Intent Token
+	// Hold is how long the claimer's execution may hold the key (the
+	// Guard's MaxHold): the row's HoldUntil is the database's now() plus
+	// Hold, and no reconciler acts on the row before. It must not be
+	// negative.
+	Hold time.Duration
 }
 
 func (p *ClaimParams) check(op string) error {
@@ -115,21 +127,34 @@ func (p *ClaimParams) check(op string) error {
 	if p.Owner == (Token{}) {
 		return invalid(op, "owner token is zero")
 	}
+	if p.Hold < 0 {
+		return invalid(op, fmt.Sprintf("hold %v is negative", p.Hold))
+	}
 	return nil
 }
 
 // Claim tries to make p.Owner the owner of the key. It inserts an in-progress
-// row for p or, when the existing row has expired, takes it over (new
-// fingerprint, new owner, no answer, created_at reset), so an expired key is a
-// new intent even before Sweep has deleted it.
+// row for p or takes over the existing row when that row is takeable:
+//
+//   - expired (answered or released longer than the retention ago): the
+//     claim is a new intent (p.Intent, attempt 1, p's fingerprint), even
+//     before Sweep has deleted the row;
+//   - released, and p has the row's fingerprint: the claim is the next
+//     attempt of the same intent (the row's Intent, Attempt + 1).
+//
+// A row in progress is never taken over, however old: only its owner (or a
+// reconciler, through Complete and Release) ends it.
 //
 // When it wins it returns the new row and claimed == true. Otherwise it
-// returns the live row that is there, in progress or finished, and claimed ==
-// false; the caller compares its Fingerprint with p.Fingerprint. Among any
-// number of concurrent Claims of one key exactly one wins.
+// returns the row that is there, in progress, answered, or released by
+// another request, and claimed == false; the caller compares its
+// Fingerprint with p.Fingerprint. Among any number of concurrent Claims of
+// one key exactly one wins. Claim never waits for a row lock held by another
+// transaction (one that completed the key's answer and has not committed):
+// it returns the row as it was, in progress.
 //
 // Claim is one statement, so one round trip, with two exceptions. When the
-// key's row has expired, a second statement takes it over. When Claim races
+// key's row is takeable, a second statement takes it over. When Claim races
 // with another claimer, a row committed by another transaction after the
 // statement began is not visible to it, so Claim then reads the row with
 // [Store.Get]. If the row was released, deleted or taken over meanwhile,
@@ -143,17 +168,22 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 	if err := p.check(op); err != nil {
 		return Record{}, false, err
 	}
+	hold := p.Hold.Microseconds()
+	if p.Intent == (Token{}) {
+		p.Intent = p.Owner
+	}
 	for range claimAttempts {
-		var claimed, expired bool
+		var claimed, takeable bool
 		rec, err = s.scanRecord(s.admit.QueryRow(ctx, s.sql.claim,
-			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention), &claimed, &expired)
+			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold), &claimed, &takeable)
 		switch {
-		case err == nil && !expired:
+		case err == nil && !takeable:
 			return rec, claimed, nil
 		case err == nil:
-			// The key's row has expired: this request is a new intent.
+			// The key's row has expired (this request is a new intent) or
+			// was released (this request is the intent's next attempt).
 			rec, err = s.scanRecord(s.db.QueryRow(ctx, s.sql.takeover,
-				p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention))
+				p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold))
 			if err == nil {
 				return rec, true, nil
 			}
@@ -176,8 +206,10 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 	return Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
 }
 
-// Get returns the live row of a key. It returns ErrNotFound when there is
-// none or when the row has expired (even if not yet swept).
+// Get returns the live row of a key: in progress (however old) or answered.
+// It returns ErrNotFound when there is none, when the row was released (no
+// claim holds it: the next Claim takes it over) or when it has expired (even
+// if not yet swept).
 func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
 	return s.get(ctx, "get", scope, key)
 }
@@ -246,10 +278,14 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 	return err
 }
 
-// Release deletes the in-progress row that owner claimed, saying "nothing
-// happened, a retry is safe": the next Claim of the key wins. It is one
-// statement when it succeeds; otherwise one more tells ErrNotFound,
-// ErrNotOwner and ErrCompleted apart, as for [Store.Complete].
+// Release marks the in-progress row that owner claimed released, saying
+// "nothing happened, a retry is safe": the next Claim of the key with the
+// same fingerprint wins, as the next attempt of the same intent (Get reports
+// the key not found meanwhile); a Claim with another fingerprint still finds
+// the row and is refused. The row expires retention after its release. It is
+// one statement when it succeeds; otherwise one more tells ErrNotFound (also
+// for a row already released), ErrNotOwner and ErrCompleted apart, as for
+// [Store.Complete].
 func (s *Store) Release(ctx context.Context, scope, key string, owner Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
@@ -260,9 +296,9 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner Token) err
 		err error
 	)
 	if s.cfg.Notify {
-		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.retention, s.channel, keyTag(scope, key))
+		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.channel, keyTag(scope, key))
 	} else {
-		tag, err = s.db.Exec(ctx, s.sql.release, scope, key, owner[:], s.retention)
+		tag, err = s.db.Exec(ctx, s.sql.release, scope, key, owner[:])
 	}
 	if err != nil {
 		return translate(op, err)
@@ -308,7 +344,8 @@ func (s *Store) sweepBatch(ctx context.Context, op string, limit int) (int64, er
 	return tag.RowsAffected(), nil
 }
 
-// Sweep deletes every expired row, in batches of Config.SweepBatchSize rows,
+// Sweep deletes every expired row (answered or released longer than the
+// retention ago; a row in progress never expires), in batches of Config.SweepBatchSize rows,
 // one statement each, until a batch deletes fewer rows than that. It returns
 // how many rows it deleted. When ctx ends it stops between or during batches
 // and returns the count so far together with an error wrapping ctx's error.
@@ -376,25 +413,44 @@ func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err 
 // scanRecord reads a row selected with columns, followed by extra.
 func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
 	var (
-		rec         Record
-		hash, owner []byte
-		status      *int16
-		headers     []byte
-		body        []byte
-		completedAt *time.Time
-		dbNow       time.Time
+		rec                 Record
+		hash, owner, intent []byte
+		status              *int16
+		headers             []byte
+		body                []byte
+		completedAt         *time.Time
+		holdUntil           *time.Time
+		releasedAt          *time.Time
+		attempt             int32
+		dbNow               time.Time
 	)
 	dest := append([]any{&rec.Scope, &rec.Key, &hash, &owner, &status,
-		&headers, &body, &rec.CreatedAt, &completedAt, &dbNow}, extra...)
+		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &holdUntil, &releasedAt, &dbNow}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Record{}, err
 	}
-	rec.TTL = rec.CreatedAt.Add(s.cfg.Retention).Sub(dbNow)
-	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) {
-		return Record{}, fmt.Errorf("row has a %d-byte request_hash and a %d-byte owner_token", len(hash), len(owner))
+	// A row lives Retention after its answer; a row in progress never
+	// expires, and its answer, written later, will live at least as long
+	// as Retention from now.
+	rec.TTL = s.cfg.Retention
+	switch {
+	case completedAt != nil:
+		rec.TTL = completedAt.Add(s.cfg.Retention).Sub(dbNow)
+	case releasedAt != nil:
+		rec.TTL = releasedAt.Add(s.cfg.Retention).Sub(dbNow)
+		rec.ReleasedAt = *releasedAt
+	}
+	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) || len(intent) != len(rec.Intent) {
+		return Record{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",
+			len(hash), len(owner), len(intent))
 	}
 	copy(rec.Fingerprint[:], hash)
 	copy(rec.Owner[:], owner)
+	copy(rec.Intent[:], intent)
+	rec.Attempt = int(attempt)
+	if holdUntil != nil {
+		rec.HoldUntil = *holdUntil
+	}
 	if status == nil {
 		return rec, nil
 	}

@@ -106,7 +106,9 @@ func TestClaim(t *testing.T) {
 
 	t.Run("honours a custom retention", func(t *testing.T) {
 		b := setup(t, &durable.Config{Retention: time.Minute})
-		b.claim(t, params(t, "user-1", "key-1", "a"))
+		p := params(t, "user-1", "key-1", "a")
+		b.claim(t, p)
+		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
 		b.age(t, "user-1", "key-1", "61 seconds")
 		b.claim(t, params(t, "user-1", "key-1", "b"))
 	})
@@ -212,6 +214,12 @@ func TestGet(t *testing.T) {
 	require.ErrorIs(t, err, durable.ErrNotFound)
 
 	b.age(t, "user-1", "key-1", "25 hours")
+	rec, err = b.store.Get(b.ctx, "user-1", "key-1")
+	require.NoError(t, err, "a row in progress never expires")
+	require.Equal(t, claimedRec.Owner, rec.Owner)
+
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", claimedRec.Owner, durable.Answer{Status: 201}))
+	b.age(t, "user-1", "key-1", "50 hours") // answered 25 hours ago
 	_, err = b.store.Get(b.ctx, "user-1", "key-1")
 	require.ErrorIs(t, err, durable.ErrNotFound, "an expired row is not found, swept or not")
 	require.Equal(t, 1, b.count(t))
@@ -358,10 +366,10 @@ func TestComplete(t *testing.T) {
 			want: durable.ErrNotFound,
 		},
 		{
-			name: "expired",
+			name: "released",
 			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
 				b.claim(t, p)
-				b.age(t, p.Scope, p.Key, "25 hours")
+				require.NoError(t, b.store.Release(b.ctx, p.Scope, p.Key, p.Owner))
 				return p.Owner
 			},
 			want: durable.ErrNotFound,
@@ -461,7 +469,9 @@ func TestRelease(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.Equal(t, 0, b.count(t))
+			_, err = b.store.Get(b.ctx, p.Scope, p.Key)
+			require.ErrorIs(t, err, durable.ErrNotFound, "no claim holds a released key")
+			require.Equal(t, 1, b.count(t), "the row keeps the intent")
 			// A retry is safe: the next claim wins.
 			b.claim(t, params(t, p.Scope, p.Key, "a"))
 		})
@@ -583,12 +593,15 @@ VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THE
 }
 
 func TestSweep(t *testing.T) {
-	// seed inserts n rows under scope, created the given interval ago.
+	// seed inserts n answered rows under scope, created and answered the
+	// given interval ago.
 	seed := func(t *testing.T, b *bundle, scope string, n int, ago string) {
 		t.Helper()
 		_, err := b.pool.Exec(b.ctx, `
-INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, created_at)
-SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), now() - $3::interval
+INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers,
+	response_body, created_at, completed_at)
+SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), 201, '{}', '',
+	now() - $3::interval, now() - $3::interval
 FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 		require.NoError(t, err)
 	}
@@ -598,11 +611,15 @@ FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 		seed(t, b, "expired", 2500, "25 hours")
 		seed(t, b, "live", 10, "23 hours")
 		b.claim(t, params(t, "live", "fresh", "a"))
+		// A key in progress for longer than the retention never expires:
+		// its outcome is unknown.
+		b.claim(t, params(t, "live", "unanswered", "a"))
+		b.age(t, "live", "unanswered", "48 hours")
 
 		n, err := b.store.Sweep(b.ctx)
 		require.NoError(t, err)
 		require.EqualValues(t, 2500, n)
-		require.Equal(t, 11, b.count(t))
+		require.Equal(t, 12, b.count(t))
 		var expired int
 		require.NoError(t, b.pool.QueryRow(b.ctx,
 			`SELECT count(*) FROM `+b.store.Table()+` WHERE user_id = 'expired'`).Scan(&expired))
@@ -680,15 +697,24 @@ func TestRecordTTL(t *testing.T) {
 	require.LessOrEqual(t, rec.TTL, time.Hour)
 	require.Greater(t, rec.TTL, time.Hour-time.Minute)
 
-	b.age(t, p.Scope, p.Key, "40 minutes")
+	// In progress, the row never expires: its answer will live at least the
+	// retention.
+	b.age(t, p.Scope, p.Key, "2 hours")
 	got, err := b.store.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)
-	require.LessOrEqual(t, got.TTL, 20*time.Minute)
+	require.Equal(t, time.Hour, got.TTL)
+
+	// Answered, it lives the retention from its answer.
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	b.age(t, p.Scope, p.Key, "2 hours 40 minutes") // answered about 40 minutes ago
+	got, err = b.store.Get(b.ctx, p.Scope, p.Key)
+	require.NoError(t, err)
+	require.LessOrEqual(t, got.TTL, 20*time.Minute+time.Second)
 	require.Greater(t, got.TTL, 19*time.Minute)
 
 	lost, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", "key-1", "a"))
 	require.NoError(t, err)
 	require.False(t, claimed)
-	require.LessOrEqual(t, lost.TTL, 20*time.Minute)
+	require.LessOrEqual(t, lost.TTL, 20*time.Minute+time.Second)
 	require.Greater(t, lost.TTL, 19*time.Minute)
 }

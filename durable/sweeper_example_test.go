@@ -44,7 +44,12 @@ func ExampleSweeper_SweepOnce() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, _, err := store.Claim(ctx, durable.ClaimParams{Scope: "user-42", Key: "k1", Owner: newToken()}); err != nil {
+	owner := newToken()
+	if _, _, err := store.Claim(ctx, durable.ClaimParams{Scope: "user-42", Key: "k1", Owner: owner}); err != nil {
+		log.Fatal(err)
+	}
+	// A key expires once answered (or released); one in progress never does.
+	if err := store.Complete(ctx, "user-42", "k1", owner, durable.Answer{Status: 201}); err != nil {
 		log.Fatal(err)
 	}
 

@@ -16,13 +16,15 @@ import (
 	"github.com/idemguard/idem/internal/testdb"
 )
 
-// seedAged inserts n in-progress rows under scope, created the given
-// interval (such as '25 hours') ago, in one statement.
+// seedAged inserts n answered rows under scope, created and answered the
+// given interval (such as '25 hours') ago, in one statement.
 func seedAged(t testing.TB, ctx context.Context, pool *pgxpool.Pool, store *durable.Store, scope string, n int, ago string) {
 	t.Helper()
 	_, err := pool.Exec(ctx, `
-INSERT INTO `+store.Table()+` (user_id, key, request_hash, owner_token, created_at)
-SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), now() - $3::interval
+INSERT INTO `+store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers,
+	response_body, created_at, completed_at)
+SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), 201, '{}', '',
+	now() - $3::interval, now() - $3::interval
 FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 	require.NoError(t, err)
 }

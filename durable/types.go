@@ -33,8 +33,9 @@ type Beginner interface {
 // different request sent under the same key.
 type Fingerprint [32]byte
 
-// Token identifies the owner of a claim. Only the owner can complete or
-// release the row it claimed. The zero Token is never a valid owner.
+// Token is a random 16-byte identifier: the owner token of a claim (only the
+// owner can complete or release the row it claimed) or the intent of a key
+// (Record.Intent). The zero Token is never a valid one.
 type Token [16]byte
 
 // Answer is a finished response as stored: the status, the headers a client
@@ -70,13 +71,32 @@ type Record struct {
 	Scope       string
 	Key         string
 	Fingerprint Fingerprint
-	Owner       Token
+	// Owner is the token of the key's current attempt: the owner checks of
+	// Complete and Release compare it.
+	Owner Token
+	// Intent is the key's intent: drawn by its first claim and kept by every
+	// attempt that takes it over after a release, until the key expires.
+	Intent Token
+	// Attempt is which claim of the intent the row is on: 1, then one more
+	// per release taken over by a retry.
+	Attempt int
 	// Answer is nil while the request is in progress.
-	Answer      *Answer
-	CreatedAt   time.Time
+	Answer *Answer
+	// CreatedAt is the database time of the current attempt's claim.
+	CreatedAt time.Time
+	// HoldUntil is the database time by which the current attempt's
+	// execution has ended for sure (its claim + ClaimParams.Hold); zero on
+	// rows claimed before migration 0005.
+	HoldUntil   time.Time
 	CompletedAt time.Time // zero while in progress
+	// ReleasedAt is when the current attempt was released (nothing
+	// happened); zero otherwise. Only Claim returns a released row: to a
+	// claim with another fingerprint, which is refused.
+	ReleasedAt time.Time
 	// TTL is how long the row still lived when the statement that
-	// returned it ran, as the database's clock counts it. A caller that
+	// returned it ran, as the database's clock counts it: Retention after
+	// its answer; for a row in progress, which never expires, Retention
+	// (the least its answer, written later, will live). A caller that
 	// keeps a copy of the row counts it down on its own monotonic clock
 	// from before it sent the statement, never comparing host clocks
 	// with the database's.

@@ -92,5 +92,5 @@
 // the outcome of a key left in progress settles it with
 //
 //	answer, err := grpcidem.Answer(&pb.PayReply{Charge: "ch_77"}, nil)
-//	err = guard.Settle(ctx, scope, key, item.Intent, answer)
+//	err = guard.Settle(ctx, scope, key, owner, answer) // the owner token of the attempt, as listed
 package grpcidem

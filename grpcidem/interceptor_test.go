@@ -305,7 +305,9 @@ func TestInternalLeavesKeyInProgressUntilSettled(t *testing.T) {
 	require.NoError(t, err)
 	intent := <-intents
 	require.NotZero(t, intent, "the handler runs in the guard's work context")
-	require.NoError(t, g.Settle(t.Context(), "user-1", key, intent, answer))
+	row, err := db.store.Get(t.Context(), "user-1", key)
+	require.NoError(t, err)
+	require.NoError(t, g.Settle(t.Context(), "user-1", key, row.Owner, answer))
 
 	r = charge(t, conn, "user-1", key, order(t, 42))
 	require.NoError(t, r.err)
@@ -506,7 +508,10 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 	answer, err := grpcidem.Answer(wrapperspb.String("x"), nil)
 	require.NoError(t, err)
 	answer.Header.Set("Grpc-Message-Type", "idemtest.Gone")
-	require.NoError(t, g.Settle(t.Context(), "user-1", key, <-intents, answer))
+	<-intents
+	row, err := db.store.Get(t.Context(), "user-1", key)
+	require.NoError(t, err)
+	require.NoError(t, g.Settle(t.Context(), "user-1", key, row.Owner, answer))
 
 	r := charge(t, conn, "user-1", key, order(t, 42))
 	require.Equal(t, codes.Internal, status.Code(r.err))

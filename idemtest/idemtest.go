@@ -4,9 +4,10 @@
 // store (another database, an in-memory fake for tests) must pass it to be
 // used behind an idem.Guard. It checks, through the interface only, the
 // promises the Guard relies on: one winner among racing claims, isolation
-// of scopes, takeover of expired keys, owner-only completion and release,
-// settle and release of abandoned keys, answers stored byte for byte, and,
-// when the store has one, the sweep of expired rows.
+// of scopes, takeover of expired keys (and never of a key in progress),
+// owner-only completion and release, a release that keeps the key's intent
+// for its next attempt, the owner's deadline (HoldUntil), answers stored
+// byte for byte, and, when the store has one, the sweep of expired rows.
 //
 // The suite needs two things the interface cannot do, supplied by a
 // [Harness]: a fresh store per subtest, and a way to make a row older (so
@@ -51,7 +52,8 @@ type Harness struct {
 	New func(t *testing.T) idem.Store
 	// Age makes the row of (scope, key) older by `by` (positive), as if it
 	// had been created `by` earlier, whether it is live or expired, in
-	// progress or finished. Required.
+	// progress, finished or released: every time the row holds (its claim,
+	// answer, release and hold) moves back by `by`. Required.
 	Age func(t *testing.T, s idem.Store, scope, key string, by time.Duration)
 	// Retention is how long a key of the stores New returns lives. The
 	// suite ages rows by Retention + 1h to expire them, and by Retention/2
@@ -131,7 +133,8 @@ func newToken(t *testing.T) durable.Token {
 }
 
 func params(t *testing.T, scope, key, body string) durable.ClaimParams {
-	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: newToken(t)}
+	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: newToken(t),
+		Intent: newToken(t), Hold: time.Minute}
 }
 
 // answer is an answer with everything that must survive a round trip.
@@ -176,8 +179,11 @@ var storeCases = []struct {
 		require.Equal(t, p.Key, rec.Key)
 		require.Equal(t, p.Fingerprint, rec.Fingerprint)
 		require.Equal(t, p.Owner, rec.Owner)
+		require.Equal(t, p.Intent, rec.Intent)
+		require.Equal(t, 1, rec.Attempt)
 		require.True(t, rec.InProgress())
 		require.False(t, rec.CreatedAt.IsZero())
+		require.Equal(t, rec.CreatedAt.Add(p.Hold), rec.HoldUntil, "the owner's deadline: its claim + Hold")
 		require.True(t, rec.CompletedAt.IsZero())
 		require.Greater(t, rec.TTL, time.Duration(0), "a new row lives")
 		require.LessOrEqual(t, rec.TTL, x.s.Retention(), "no longer than the retention")
@@ -185,6 +191,10 @@ var storeCases = []struct {
 		require.LessOrEqual(t, again.TTL, rec.TTL, "a later read finds less life left")
 		again.TTL = rec.TTL
 		require.Equal(t, rec, again)
+
+		q := params(t, "user-1", "key-2", "a")
+		q.Intent = durable.Token{}
+		require.Equal(t, q.Owner, x.claim(t, q).Intent, "a zero Intent is the Owner")
 	}},
 
 	{"claim/loses to an in-progress row and gets it", func(t *testing.T, x *suite) {
@@ -214,7 +224,15 @@ var storeCases = []struct {
 	{"claim/one winner among 64 racing takeovers of an expired key", func(t *testing.T, x *suite) {
 		old := params(t, "user-1", "key-1", "old")
 		x.claim(t, old)
+		require.NoError(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()))
 		race(t, x, func() { x.expire(t, old.Scope, old.Key) })
+	}},
+
+	{"claim/one winner among 64 racing takeovers of a released key", func(t *testing.T, x *suite) {
+		old := params(t, "user-1", "key-1", "same body")
+		x.claim(t, old)
+		race(t, x, func() { require.NoError(t, x.s.Release(x.ctx, old.Scope, old.Key, old.Owner)) })
+		require.Equal(t, old.Intent, x.get(t, old.Scope, old.Key).Intent)
 	}},
 
 	{"scopes are isolated", func(t *testing.T, x *suite) {
@@ -236,6 +254,7 @@ var storeCases = []struct {
 	{"expiry/an expired row is not found", func(t *testing.T, x *suite) {
 		p := params(t, "user-1", "key-1", "a")
 		x.claim(t, p)
+		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
 		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
 		x.get(t, p.Scope, p.Key) // still live
 		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2+time.Hour)
@@ -244,11 +263,30 @@ var storeCases = []struct {
 		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
 	}},
 
+	{"expiry/a row in progress never expires", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		x.claim(t, p)
+		x.expire(t, p.Scope, p.Key)
+		require.Equal(t, p.Owner, x.get(t, p.Scope, p.Key).Owner, "still live")
+		rec := x.lose(t, params(t, p.Scope, p.Key, "a"))
+		require.Equal(t, p.Owner, rec.Owner, "never taken over")
+		if x.h.Sweep != nil {
+			n, err := x.h.Sweep(t, x.s)
+			require.NoError(t, err)
+			require.Zero(t, n, "never swept")
+		}
+		// Settled long after its claim: the answer lives a full retention.
+		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
+		requireAnswer(t, answer(), x.lose(t, params(t, p.Scope, p.Key, "a")))
+	}},
+
 	{"expiry/claim takes over an expired row", func(t *testing.T, x *suite) {
-		for _, finished := range []bool{false, true} {
+		for _, released := range []bool{false, true} {
 			old := params(t, "user-1", "key-1", "old")
 			x.claim(t, old)
-			if finished {
+			if released {
+				require.NoError(t, x.s.Release(x.ctx, old.Scope, old.Key, old.Owner))
+			} else {
 				require.NoError(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()))
 			}
 			x.expire(t, old.Scope, old.Key)
@@ -256,6 +294,8 @@ var storeCases = []struct {
 			rec := x.claim(t, next)
 			require.Equal(t, next.Fingerprint, rec.Fingerprint, "a new intent")
 			require.Equal(t, next.Owner, rec.Owner)
+			require.Equal(t, next.Intent, rec.Intent)
+			require.Equal(t, 1, rec.Attempt)
 			require.True(t, rec.InProgress(), "no answer of the old intent")
 			require.ErrorIs(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()), durable.ErrNotOwner)
 			require.NoError(t, x.s.Complete(x.ctx, next.Scope, next.Key, next.Owner, durable.Answer{Status: 200}))
@@ -290,13 +330,39 @@ var storeCases = []struct {
 		x.get(t, p.Scope, p.Key)
 		require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
 		x.notFound(t, p.Scope, p.Key)
-		x.claim(t, params(t, "user-1", "key-1", "b")) // the next claim wins
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound, "released once")
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+		x.claim(t, params(t, "user-1", "key-1", "a")) // the next claim wins
 
 		q := params(t, "user-1", "key-2", "a")
 		x.claim(t, q)
 		require.NoError(t, x.s.Complete(x.ctx, q.Scope, q.Key, q.Owner, answer()))
 		require.ErrorIs(t, x.s.Release(x.ctx, q.Scope, q.Key, q.Owner), durable.ErrCompleted, "a finished row is never released")
 		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
+	}},
+
+	{"release/keeps the intent for the next attempt", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		x.claim(t, p)
+		require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
+
+		other := params(t, p.Scope, p.Key, "b")
+		rec := x.lose(t, other)
+		require.Equal(t, p.Fingerprint, rec.Fingerprint, "another request under a released key finds its fingerprint")
+		x.notFound(t, p.Scope, p.Key)
+
+		retry := params(t, p.Scope, p.Key, "a")
+		rec = x.claim(t, retry)
+		require.Equal(t, p.Intent, rec.Intent, "the same intent")
+		require.Equal(t, 2, rec.Attempt)
+		require.Equal(t, retry.Owner, rec.Owner, "a new owner")
+		require.True(t, rec.InProgress())
+		require.False(t, rec.HoldUntil.Before(rec.CreatedAt.Add(retry.Hold)), "the new attempt's own deadline")
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotOwner,
+			"the released attempt no longer completes")
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotOwner)
+		require.NoError(t, x.s.Complete(x.ctx, retry.Scope, retry.Key, retry.Owner, answer()))
+		requireAnswer(t, answer(), x.lose(t, params(t, p.Scope, p.Key, "a")))
 	}},
 
 	{"get/not found", func(t *testing.T, x *suite) {
@@ -332,16 +398,21 @@ var storeCases = []struct {
 		if x.h.Sweep == nil {
 			t.Skip("idemtest: Harness.Sweep not set")
 		}
-		for i, finished := range []bool{false, true, false, true} {
+		// a: in progress (never expires), b and c: answered, d: released;
+		// a, b and d aged past the retention, c half of it.
+		for i, state := range []string{"in progress", "answered", "answered", "released"} {
 			p := params(t, "user-1", "key-"+string(rune('a'+i)), "a")
 			x.claim(t, p)
-			if finished {
+			switch state {
+			case "answered":
 				require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
+			case "released":
+				require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
 			}
-			if i < 3 {
-				x.expire(t, p.Scope, p.Key)
-			} else {
+			if i == 2 {
 				x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
+			} else {
+				x.expire(t, p.Scope, p.Key)
 			}
 		}
 		live := params(t, "user-1", "live", "a")
@@ -349,9 +420,10 @@ var storeCases = []struct {
 
 		n, err := x.h.Sweep(t, x.s)
 		require.NoError(t, err)
-		require.EqualValues(t, 3, n)
+		require.EqualValues(t, 2, n)
 		x.get(t, live.Scope, live.Key)
-		requireAnswer(t, answer(), x.get(t, "user-1", "key-d"))
+		require.True(t, x.get(t, "user-1", "key-a").InProgress())
+		requireAnswer(t, answer(), x.get(t, "user-1", "key-c"))
 		n, err = x.h.Sweep(t, x.s)
 		require.NoError(t, err)
 		require.Zero(t, n)

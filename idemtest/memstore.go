@@ -43,7 +43,9 @@ type MemStoreConfig struct {
 // PostgreSQL store (*durable.Store), and passes [RunStoreSuite]:
 //
 //   - among any number of concurrent Claims of one key exactly one wins; the
-//     others get the live row; an expired row is taken over by the next Claim;
+//     others get the live row; an expired row is taken over by the next Claim
+//     as a new intent, a released one by the next Claim of the same request
+//     as the next attempt of its intent; a row in progress never expires;
 //   - Get, Complete and Release see only live rows, and fail with errors
 //     matching durable.ErrNotFound, durable.ErrNotOwner, durable.ErrCompleted
 //     and durable.ErrInvalid (compare with errors.Is) where the PostgreSQL
@@ -77,9 +79,13 @@ type memKey struct{ scope, key string }
 type memRow struct {
 	fp          durable.Fingerprint
 	owner       durable.Token
+	intent      durable.Token
+	attempt     int
 	answer      *memAnswer
 	createdAt   time.Time
+	holdUntil   time.Time
 	completedAt time.Time
+	releasedAt  time.Time // zero unless released
 }
 
 type memAnswer struct {
@@ -114,9 +120,11 @@ func NewMemStore(cfg *MemStoreConfig) *MemStore {
 func (s *MemStore) Retention() time.Duration { return s.retention }
 
 // Claim tries to make p.Owner the owner of the key, as [durable.Store.Claim]:
-// it creates an in-progress row, or takes over an expired one (new
-// fingerprint and owner, no answer, CreatedAt now), and returns it with
-// claimed == true; otherwise it returns the live row with claimed == false.
+// it creates an in-progress row, or takes over an expired one (a new intent:
+// new fingerprint, owner and intent, attempt 1) or a released one of the
+// same fingerprint (the next attempt of its intent), with no answer and
+// CreatedAt now, and returns it with claimed == true; otherwise it returns
+// the row that is there with claimed == false.
 func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
 	const op = "claim"
 	if err := checkKey(op, p.Scope, p.Key); err != nil {
@@ -125,16 +133,29 @@ func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Reco
 	if p.Owner == (durable.Token{}) {
 		return durable.Record{}, false, invalid(op, "owner token is zero")
 	}
+	if p.Hold < 0 {
+		return durable.Record{}, false, invalid(op, fmt.Sprintf("hold %v is negative", p.Hold))
+	}
+	if p.Intent == (durable.Token{}) {
+		p.Intent = p.Owner
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
 	k := memKey{p.Scope, p.Key}
-	if r, ok := s.rows[k]; ok && s.live(r, now) {
+	r, ok := s.rows[k]
+	switch {
+	case !ok || s.expired(r, now):
+		r = &memRow{fp: p.Fingerprint, intent: p.Intent, attempt: 1}
+		s.rows[k] = r
+	case !r.releasedAt.IsZero() && r.fp == p.Fingerprint:
+		r.attempt++ // the next attempt of the same intent
+	default:
 		rec, err := s.record(r, k, now)
 		return rec, false, err
 	}
-	r := &memRow{fp: p.Fingerprint, owner: p.Owner, createdAt: now}
-	s.rows[k] = r
+	r.owner, r.answer, r.createdAt, r.holdUntil = p.Owner, nil, now, now.Add(p.Hold)
+	r.completedAt, r.releasedAt = time.Time{}, time.Time{}
 	rec, err := s.record(r, k, now)
 	return rec, true, err
 }
@@ -190,9 +211,10 @@ func (s *MemStore) Complete(_ context.Context, scope, key string, owner durable.
 	return nil
 }
 
-// Release deletes the in-progress row that owner claimed, as
-// [durable.Store.Release], so that the next Claim of the key wins. It fails
-// as Complete does, and never deletes a finished row.
+// Release marks the in-progress row that owner claimed released, as
+// [durable.Store.Release]: the row keeps its fingerprint and intent, Get no
+// longer finds it, and the next Claim of the same request takes it over. It
+// fails as Complete does, and never releases a finished row.
 func (s *MemStore) Release(_ context.Context, scope, key string, owner durable.Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
@@ -201,25 +223,33 @@ func (s *MemStore) Release(_ context.Context, scope, key string, owner durable.T
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := memKey{scope, key}
-	if _, err := s.inProgress(op, k, owner, s.clock()); err != nil {
+	now := s.clock()
+	r, err := s.inProgress(op, k, owner, now)
+	if err != nil {
 		return err
 	}
-	delete(s.rows, k)
+	r.releasedAt = now
 	return nil
 }
 
 // Age makes the row of (scope, key) older by `by`, as if it had been claimed
-// that much earlier, whether it is live or expired, in progress or finished.
-// A row is live while it is at most Retention old: Age(scope, key,
-// s.Retention()+time.Second) expires it, and aging an in-progress row past
-// the Guard's MaxHold makes it look abandoned (idem.ErrPending). A negative
-// `by` makes the row younger. Age reports whether there was a row.
+// that much earlier, whether it is live or expired, in progress, finished or
+// released: its claim, answer, release and hold all move back by `by`. An
+// answered or released row is live while its answer or release is at most
+// Retention old: Age(scope, key, s.Retention()+time.Second) expires it; a
+// row in progress never expires, and aging it past the Guard's MaxHold
+// makes it look abandoned (idem.ErrPending). A negative `by` makes the row
+// younger. Age reports whether there was a row.
 func (s *MemStore) Age(scope, key string, by time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.rows[memKey{scope, key}]
 	if ok {
-		r.createdAt = r.createdAt.Add(-by)
+		for _, t := range []*time.Time{&r.createdAt, &r.holdUntil, &r.completedAt, &r.releasedAt} {
+			if !t.IsZero() {
+				*t = t.Add(-by)
+			}
+		}
 	}
 	return ok
 }
@@ -237,7 +267,7 @@ func (s *MemStore) Sweep(ctx context.Context) (int64, error) {
 	now := s.clock()
 	var n int64
 	for k, r := range s.rows {
-		if !s.live(r, now) {
+		if s.expired(r, now) {
 			delete(s.rows, k)
 			n++
 		}
@@ -248,9 +278,20 @@ func (s *MemStore) Sweep(ctx context.Context) (int64, error) {
 // clock reads s.now with the database's precision. s.mu must be held.
 func (s *MemStore) clock() time.Time { return s.now().Truncate(time.Microsecond) }
 
-// live reports whether r has not expired at now.
+// live reports whether r is held by a claim or answered, and has not
+// expired at now.
 func (s *MemStore) live(r *memRow, now time.Time) bool {
-	return !r.createdAt.Before(now.Add(-s.retention))
+	return r.releasedAt.IsZero() && !s.expired(r, now)
+}
+
+// expired reports whether r was answered or released longer than the
+// retention before now; a row in progress never expires.
+func (s *MemStore) expired(r *memRow, now time.Time) bool {
+	end := r.completedAt
+	if end.IsZero() {
+		end = r.releasedAt
+	}
+	return !end.IsZero() && end.Before(now.Add(-s.retention))
 }
 
 // inProgress returns the live in-progress row of k that owner claimed, or,
@@ -277,9 +318,18 @@ func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, e
 		Key:         k.key,
 		Fingerprint: r.fp,
 		Owner:       r.owner,
+		Intent:      r.intent,
+		Attempt:     r.attempt,
 		CreatedAt:   r.createdAt,
+		HoldUntil:   r.holdUntil,
 		CompletedAt: r.completedAt,
-		TTL:         r.createdAt.Add(s.retention).Sub(now),
+		ReleasedAt:  r.releasedAt,
+		TTL:         s.retention, // in progress: never expires
+	}
+	if !r.completedAt.IsZero() {
+		rec.TTL = r.completedAt.Add(s.retention).Sub(now)
+	} else if !r.releasedAt.IsZero() {
+		rec.TTL = r.releasedAt.Add(s.retention).Sub(now)
 	}
 	if r.answer != nil {
 		a, err := r.answer.decode()

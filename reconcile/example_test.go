@@ -80,7 +80,7 @@ func ExampleReconciler_RunOnce() {
 		log.Fatal(err)
 	}
 	// Only so that the example runs at once: pretend two minutes passed.
-	if _, err := pool.Exec(ctx, "UPDATE "+store.Table()+" SET created_at = now() - interval '2 minutes'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute'"); err != nil {
 		log.Fatal(err)
 	}
 	res, err := rec.RunOnce(ctx)

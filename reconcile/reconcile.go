@@ -2,8 +2,10 @@
 //
 // A request whose work ended in a 5xx or an error ("we don't know whether the
 // payment went through"), or whose process died mid-work, leaves its key in
-// progress: every retry gets idem.ErrInProgress (409). A [Reconciler] finds
-// those keys once they have been in progress longer than [Config.MinAge], and
+// progress: every retry gets idem.ErrInProgress (409); such a key never
+// expires. A [Reconciler] finds those keys once the execution that claimed
+// each has ended for sure (the row's own deadline, set by the Guard that
+// claimed it) and they have been in progress longer than [Config.MinAge], and
 // asks a [ResolveFunc] of yours what really happened,
 // for example by asking the payment provider about the downstream key the
 // request used. The answer decides:
@@ -11,7 +13,8 @@
 //   - [Settled]: the answer is stored with [idem.Guard.Settle] and replayed to
 //     the next retry;
 //   - [NothingHappened]: the key is released with [idem.Guard.Release]; the
-//     next retry runs the work, as a new intent;
+//     next retry runs the work, as the next attempt of the same intent (the
+//     same Item.Intent, so the same derived names and downstream keys);
 //   - [Unknown] (or an error, a panic, a timeout): the key is tried again
 //     later, with exponential backoff kept in the database, so that it
 //     survives restarts and changes of the instance that reconciles.
@@ -21,9 +24,9 @@
 // it is safe, and intended, to run one on every instance.
 //
 // A key that changed while the ResolveFunc worked (its request finished, was
-// released, or expired and was claimed anew) is skipped: the decision is
-// about the intent that was listed, and it is applied only to that claim's
-// owner token, the intent (Guard.Settle, Guard.Release), in the same statement. Every
+// released, or claimed anew) is skipped: the decision is about the attempt
+// that was listed, and it is applied only to that attempt's owner token
+// (Guard.Settle, Guard.Release), in the same statement. Every
 // execution holds a row in both strategies, so a process that dies mid-work,
 // in either, leaves an in-progress row for the Reconciler: its retries get
 // 409 until the ResolveFunc has said what happened.
@@ -59,10 +62,14 @@
 // changes of the reconciling instance. A claim whose commit reached the table
 // more than twice MinAge after its statement began is not listed.
 //
-// A key is in progress while its work runs, too. [Config.MinAge] must be
-// longer than the longest time a request may hold its key (the Guard's
-// MaxHold), or a running request could be settled or released under its
-// feet: [New] refuses a shorter one.
+// A key is in progress while its work runs, too. The row carries the deadline
+// of the execution that holds it (hold_until: its claim plus the MaxHold of
+// the Guard that claimed it, migration 0005), and the Reconciler leaves a
+// row alone until then, so Guards with different settings may share a table
+// and a rolling deploy may change them. [Config.MinAge] is a margin on top,
+// and alone protects rows claimed before migration 0005: it must be longer
+// than the Guard's MaxHold, and [New] refuses a shorter one. The store's
+// retention must be longer than MinAge plus Interval.
 package reconcile
 
 import (
@@ -115,14 +122,20 @@ type Item struct {
 	Scope, Key string
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint idem.Fingerprint
-	// Intent is the claim's IntentID, the one its work saw through
-	// idem.IntentFromContext: derive from it (idem.DeriveID) the names of
-	// what the work created, to look them up.
+	// Intent is the key's IntentID, the one its work saw through
+	// idem.IntentFromContext, the same in every attempt: derive from it
+	// (idem.DeriveID) the names of what the work created, to look them up.
 	Intent idem.IntentID
+	// Attempt is which attempt of the intent left the key in progress (1,
+	// then one more per release), as idem.AttemptFromContext told its work.
+	// Names derived per attempt are to be looked up for every attempt up to
+	// this one.
+	Attempt int
 	// CreatedAt is when the key was claimed, on the database clock.
 	CreatedAt time.Time
-	// Attempts is the number of earlier attempts that could not learn the
-	// outcome (Unknown, an error, a panic or a timeout). 0 the first time.
+	// Attempts is the number of earlier reconciliation attempts that could
+	// not learn the outcome (Unknown, an error, a panic or a timeout). 0 the
+	// first time.
 	Attempts int
 }
 
@@ -140,13 +153,13 @@ type Decision struct {
 type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 
 // Guard is how a Reconciler settles and releases keys, each restricted to
-// the claim it listed (so a key released and claimed again by a new request
-// meanwhile is left alone). *idem.Guard satisfies it: use the Guard that
-// serves the requests, so that its stats, logs and metrics see the
-// reconciler's actions.
+// the attempt it listed, by its owner token (so a key released and claimed
+// again by a new request meanwhile is left alone). *idem.Guard satisfies it:
+// use the Guard that serves the requests, so that its stats, logs and
+// metrics see the reconciler's actions.
 type Guard interface {
-	Settle(ctx context.Context, scope, key string, intent idem.IntentID, resp idem.Response) error
-	Release(ctx context.Context, scope, key string, intent idem.IntentID) error
+	Settle(ctx context.Context, scope, key string, owner durable.Token, resp idem.Response) error
+	Release(ctx context.Context, scope, key string, owner durable.Token) error
 	// MaxHold is the longest a running request keeps its key in progress.
 	MaxHold() time.Duration
 }
@@ -160,7 +173,9 @@ type Store interface {
 	// Table is the quoted, qualified table name; the reconciler's lease
 	// is kept in the lease table beside it (migration 0006).
 	Table() string
-	// Retention is how long a key lives: expired keys are not reconciled.
+	// Retention is how long a key lives after its answer or release; a key
+	// in progress never expires. It must be longer than MinAge plus
+	// Interval.
 	Retention() time.Duration
 }
 
@@ -187,9 +202,12 @@ type Config struct {
 	// next. Defaults to 30s.
 	Interval time.Duration
 	// MinAge is how long a key must have been in progress before it is
-	// reconciled. It must be longer than the Guard's MaxHold, the longest a
-	// running request holds its key. Defaults to 1m (the Guard's default
-	// MaxHold is 46.5s).
+	// reconciled, on top of its own deadline (the row's hold_until: the
+	// reconciler never acts on a row before it, whichever Guard claimed
+	// it). It must be longer than the Guard's MaxHold, which alone bounds
+	// rows claimed before migration 0005, and with Interval shorter than
+	// the store's retention. Defaults to 1m (the Guard's default MaxHold is
+	// 46.5s).
 	MinAge time.Duration
 	// BatchSize is the number of keys listed per statement. A run handles
 	// batches until no due key is left or ctx ends. Defaults to 100.
@@ -198,8 +216,8 @@ type Config struct {
 	ResolveTimeout time.Duration
 	// BackoffBase is the wait after the first attempt that could not learn
 	// a key's outcome; it doubles with every further attempt, up to
-	// BackoffMax, without jitter. Retries end when the key expires (the
-	// store's retention): an expired row is no longer listed. Defaults to
+	// BackoffMax, without jitter. A key in progress never expires:
+	// retries go on until the ResolveFunc learns the outcome. Defaults to
 	// 30s.
 	BackoffBase time.Duration
 	// BackoffMax caps the backoff. Defaults to 1h.
@@ -228,7 +246,8 @@ type Config struct {
 type Result struct {
 	// Settled keys got their answer stored.
 	Settled int
-	// Released keys were deleted: their next retry runs the work.
+	// Released keys were released: their next retry runs the work, as the
+	// next attempt of the same intent.
 	Released int
 	// Unknown keys were postponed because the ResolveFunc answered Unknown.
 	Unknown int
@@ -317,6 +336,10 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		return nil, fmt.Errorf("reconcile: the Guard's MaxHold %v bounds nothing: running requests could be settled under their feet", hold)
 	case c.MinAge <= hold:
 		return nil, fmt.Errorf("reconcile: Config.MinAge %v: must be longer than the Guard's MaxHold %v, or running requests could be settled under their feet", c.MinAge, hold)
+	}
+	if ret := store.Retention(); ret <= c.MinAge+c.Interval {
+		return nil, fmt.Errorf("reconcile: Config.MinAge %v + Config.Interval %v: must be shorter than the store's retention %v, or a settled key could expire before a client that waited for it returns",
+			c.MinAge, c.Interval, ret)
 	}
 	// Once its ctx is cancelled, a run goes on acting for at most one
 	// StoreTimeout: the call recording a decision already made.
@@ -481,9 +504,27 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
 func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res *Result) bool {
-	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Owner),
-		CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
+	if !d.Ended {
+		// The execution that holds the key may still run (a Guard with a
+		// longer MaxHold claimed it): leave it alone until its deadline.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
+		defer cancel()
+		err := r.rows.deferKey(sctx, conn, d)
+		switch {
+		case gone(err):
+			res.Skipped++
+			return true
+		case err != nil:
+			res.Errors++
+			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not defer a key to its deadline", slog.Any("error", err))
+			return false
+		}
+		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile left a key alone until its own deadline")
+		return true
+	}
+	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Intent),
+		Attempt: d.Attempt, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	dec, err := r.call(ctx, it)
 	if err == nil {
 		err = dec.validate()
@@ -514,9 +555,9 @@ func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res 
 		return !due
 	case Settled, NothingHappened:
 		if dec.Verdict == Settled {
-			err = r.guard.Settle(sctx, d.Scope, d.Key, it.Intent, dec.Response)
+			err = r.guard.Settle(sctx, d.Scope, d.Key, d.Owner, dec.Response)
 		} else {
-			err = r.guard.Release(sctx, d.Scope, d.Key, it.Intent)
+			err = r.guard.Release(sctx, d.Scope, d.Key, d.Owner)
 		}
 		switch {
 		case gone(err):

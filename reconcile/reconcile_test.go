@@ -91,14 +91,16 @@ func (b *bundle) runOnce(t *testing.T, r *reconcile.Reconciler) reconcile.Result
 	return res
 }
 
-// age moves a row's created_at into the past, on the database clock, as if
-// it had been claimed that long ago. The mark of the reconciler's scan, if
+// age moves a row's created_at (and its deadline, hold_until, with it) into
+// the past, on the database clock, as if it had been claimed that long ago. The mark of the reconciler's scan, if
 // any, moves before it: no run could have passed the row before it was due.
 func (b *bundle) age(t *testing.T, scope, key, by string) {
 	t.Helper()
 	var created time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx,
-		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval WHERE user_id = $1 AND key = $2 RETURNING created_at`,
+		`UPDATE `+b.store.Table()+` SET created_at = now() - $3::interval,
+			hold_until = hold_until - (created_at - (now() - $3::interval))
+		WHERE user_id = $1 AND key = $2 RETURNING created_at`,
 		scope, key, by).Scan(&created))
 	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.stateTable()+` SET scanned_to = least(scanned_to, $1::timestamptz - interval '1 microsecond')`, created)
 	require.NoError(t, err)

@@ -45,7 +45,8 @@ func (b *rowsBundle) claim(t *testing.T, key string) durable.Token {
 func (b *rowsBundle) age(t *testing.T, key, by string) {
 	t.Helper()
 	var created time.Time
-	require.NoError(t, b.pool.QueryRow(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = created_at - $2::interval
+	require.NoError(t, b.pool.QueryRow(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = created_at - $2::interval,
+	hold_until = hold_until - $2::interval
 WHERE user_id = 'user-1' AND key = $1 RETURNING created_at`, key, by).Scan(&created))
 	_, err := b.pool.Exec(b.ctx, `UPDATE `+stateTable(b.store.Table())+` SET scanned_to = least(scanned_to, $1::timestamptz - interval '1 microsecond')`, created)
 	require.NoError(t, err)
@@ -92,8 +93,8 @@ func (b *rowsBundle) listPostponed(t *testing.T) []string {
 	return keysOf(ds)
 }
 
-// New rows: live, in progress, never postponed, older than the age, within
-// the window; oldest first, page by page.
+// New rows: in progress (not answered, not released), never postponed, older
+// than the age, within the window; oldest first, page by page.
 func TestRowsNew(t *testing.T) {
 	b := setupRows(t)
 	owners := map[string]durable.Token{}
@@ -105,8 +106,9 @@ func TestRowsNew(t *testing.T) {
 	done := b.claim(t, "done")
 	require.NoError(t, b.store.Complete(b.ctx, "user-1", "done", done, durable.Answer{Status: 200}))
 	b.age(t, "done", "40 minutes")
-	b.claim(t, "expired")
-	b.age(t, "expired", "25 hours")
+	released := b.claim(t, "released")
+	require.NoError(t, b.store.Release(b.ctx, "user-1", "released", released))
+	b.age(t, "released", "25 minutes")
 	p := dueRow{Scope: "user-1", Key: "postponed", Owner: b.claim(t, "postponed")}
 	b.age(t, "postponed", "15 minutes")
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, p, 1, 0))
@@ -131,16 +133,27 @@ func TestRowsNew(t *testing.T) {
 	require.Equal(t, []string{"k30", "k10", "k20"}, keysOf(ds))
 }
 
-// The window starts at the start of the retention until a scan is marked,
-// then at the mark less the overlap; it ends at now - min age.
+// The window starts at the oldest row until a scan is marked (a row in
+// progress never expires, however old), then at the mark less the overlap;
+// it ends at now - min age.
 func TestRowsWindow(t *testing.T) {
 	b := setupRows(t)
 	from, to, err := b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	var now time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now))
-	require.WithinDuration(t, now.Add(-b.store.Retention()), from, 5*time.Second)
+	require.WithinDuration(t, now.Add(-time.Minute), from, 5*time.Second, "an empty table: an empty window")
 	require.WithinDuration(t, now.Add(-time.Minute), to, 5*time.Second)
+
+	b.claim(t, "ancient")
+	b.age(t, "ancient", "72 hours")
+	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, err)
+	require.WithinDuration(t, now.Add(-72*time.Hour), from, 5*time.Second, "the first scan starts at the oldest row")
+	ds, _ := b.listNew(t, time.Minute, 10)
+	require.Equal(t, []string{"ancient"}, keysOf(ds), "a key in progress for longer than the retention is listed")
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM `+b.store.Table())
+	require.NoError(t, err)
 
 	mark := now.Add(-10 * time.Minute).Truncate(time.Microsecond)
 	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
@@ -152,18 +165,21 @@ func TestRowsWindow(t *testing.T) {
 	b.claim(t, "old")
 	b.age(t, "old", "20 minutes")
 	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-2*time.Minute)))
-	ds, _ := b.listNew(t, time.Minute, 10)
+	ds, _ = b.listNew(t, time.Minute, 10)
 	require.Empty(t, ds)
 
-	// A mark past a whole retention starts at the retention.
-	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-48*time.Hour)))
+	// A mark past a whole retention starts at the mark: a row in progress
+	// never expires, so a reconciler that was stopped for longer still
+	// lists the rows claimed meanwhile.
+	mark = now.Add(-48 * time.Hour).Truncate(time.Microsecond)
+	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
 	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
 	require.NoError(t, err)
-	require.WithinDuration(t, now.Add(-b.store.Retention()), from, 5*time.Second)
+	require.True(t, from.Equal(mark.Add(-30*time.Second)), "from %v, mark %v", from, mark)
 }
 
 // Postponed rows: listed once their time has come on the database clock,
-// while live and in progress, in the order it came; never as new rows.
+// while in progress (however old), in the order it came; never as new rows.
 func TestRowsPostponed(t *testing.T) {
 	b := setupRows(t)
 	var ds []dueRow
@@ -191,13 +207,14 @@ func TestRowsPostponed(t *testing.T) {
 	require.NoError(t, b.store.Complete(b.ctx, "user-1", "a", ds[0].Owner, durable.Answer{Status: 201}))
 	_, after, _ = b.state(t, "a")
 	require.Nil(t, after)
-	// Expired: out of the list.
-	b.age(t, "b", "25 hours")
+	// Released: out of the list. Old: still in it.
+	require.NoError(t, b.store.Release(b.ctx, "user-1", "b", ds[1].Owner))
+	b.age(t, "c", "25 hours")
 	require.Equal(t, []string{"c"}, b.listPostponed(t))
 }
 
 // Postpone acts on the listed claim only: another owner, a finished, missing
-// or expired row is gone.
+// or released row is gone; an old one is not.
 func TestRowsPostpone(t *testing.T) {
 	b := setupRows(t)
 	owner := b.claim(t, "key-1")
@@ -219,16 +236,18 @@ func TestRowsPostpone(t *testing.T) {
 
 	q := dueRow{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}
 	b.age(t, "key-2", "25 hours")
-	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, q, 1, time.Minute), errGone, "an expired row")
+	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, q, 1, time.Minute), "a row in progress never expires")
+	require.NoError(t, b.store.Release(b.ctx, "user-1", "key-2", q.Owner))
+	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, q, 2, time.Minute), errGone, "a released row")
 }
 
-// A new intent that takes over an expired row does not inherit the backoff
-// of the old one.
+// The next attempt that takes over a released row does not inherit the
+// backoff of the old one.
 func TestTakeoverResetsReconcileState(t *testing.T) {
 	b := setupRows(t)
 	old := dueRow{Scope: "user-1", Key: "key-1", Owner: b.claim(t, "key-1")}
 	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, old, 7, 48*time.Hour))
-	b.age(t, "key-1", "25 hours")
+	require.NoError(t, b.store.Release(b.ctx, "user-1", "key-1", old.Owner))
 
 	next := b.claim(t, "key-1")
 	attempts, after, _ := b.state(t, "key-1")
@@ -272,7 +291,7 @@ FROM generate_series(1, 50000) AS g`)
 	}{
 		// (_pN: the index of each partition, on the partitioned layout.)
 		"new":       {b.rows.listNewSQL, []any{from, "", "", time.Now().Add(-time.Minute), 100}, name + `(_p\d+)?_created_at_idx`},
-		"postponed": {b.rows.listPostponedSQL, []any{b.rows.retention, 100}, name + `(_p\d+)?_reconcile_after_idx`},
+		"postponed": {b.rows.listPostponedSQL, []any{100}, name + `(_p\d+)?_reconcile_after_idx`},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			t.Run(label+"/"+mode, func(t *testing.T) {

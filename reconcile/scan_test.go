@@ -42,7 +42,7 @@ func TestRunMarksItsScan(t *testing.T) {
 	// late: see the package doc.)
 	hidden := request(newKey())
 	b.timedOut(t, hidden)
-	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = $1::timestamptz - interval '90 seconds' WHERE key = $2`, mark, hidden.Key)
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = $1::timestamptz - interval '90 seconds', hold_until = now() WHERE key = $2`, mark, hidden.Key)
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{}, b.runOnce(t, b.reconciler(t, nil)))
 	require.Empty(t, b.res.calls()[1:], "only the first run's key was resolved")
@@ -58,7 +58,7 @@ func TestRunRescansTheOverlap(t *testing.T) {
 
 	late := request(newKey())
 	b.timedOut(t, late)
-	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = $1::timestamptz - interval '30 seconds' WHERE key = $2`, mark, late.Key)
+	_, err := b.pool.Exec(b.ctx, `UPDATE `+b.store.Table()+` SET created_at = $1::timestamptz - interval '30 seconds', hold_until = now() WHERE key = $2`, mark, late.Key)
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{Unknown: 1}, b.runOnce(t, b.reconciler(t, nil)))
 	items := b.res.calls()

@@ -177,7 +177,7 @@ func TestPaymentTimeout(t *testing.T) {
 		// behind it), the reconciler asks the provider about
 		// order-{public_id}, finds the charge and settles the key with the
 		// real answer.
-		_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys SET created_at = now() - interval '2 minutes'`)
+		_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute'`)
 		require.NoError(t, err)
 		var settled reply
 		require.Eventually(t, func() bool {

@@ -25,7 +25,8 @@ package main
 // short, and the service's own resolve (checkout.resolve). It only acts on
 // the rows the killed process left behind (their owner tokens are listed
 // right after the kill): that process is dead, so none of them can still be
-// running, whatever the MinAge.
+// running, whatever the MinAge, and the test moves their deadline
+// (hold_until) to the kill, as the passing of the service's MaxHold would.
 
 import (
 	"context"
@@ -286,6 +287,15 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 		killedOwners[rec.Owner] = true
 		killedOwnerOf[in.key] = rec.Owner
 	}
+	// Each row carries its owner's deadline (the claim + the service's
+	// MaxHold, 46.5s), before which no reconciler acts on it. The process
+	// is dead, so its executions have ended: say so, as time would.
+	var dead [][]byte
+	for owner := range killedOwners {
+		dead = append(dead, owner[:])
+	}
+	_, err = pool.Exec(ctx, `UPDATE `+store.Table()+` SET hold_until = now() WHERE owner_token = ANY($1)`, dead)
+	require.NoError(t, err)
 
 	// Process B, on the same schema (and Redis).
 	b := startProc(t, "B", args...)

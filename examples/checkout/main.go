@@ -142,7 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency_keys, checkout_orders and payrail_* tables (default: the connection's current schema)")
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
 	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
-	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key and its answer are kept (longer than the guard's MaxHold, 46.5s)")
+	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key's answer is kept after it is stored (longer than the guard's MaxHold, 46.5s, and than -reconcile-after + -reconcile-every); a key without an answer never expires")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-every", 10*time.Second, "how often the reconciler looks for keys a 5xx left in progress")
 	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the guard's MaxHold, 46.5s)")
 	fs.DurationVar(&c.sweepEvery, "sweep-every", durable.DefaultSweepInterval, "how often expired keys are deleted")
@@ -191,6 +191,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		if d <= 0 {
 			return usage("%s %v must be positive", name, d)
 		}
+	}
+	// A key the reconciler settles lives -ttl from then; a client told to
+	// come back by a 409 must find it (reconcile.New refuses it too).
+	if c.ttl <= c.reconcileAfter+c.reconcileEvery {
+		return usage("-ttl %v must be longer than -reconcile-after %v + -reconcile-every %v", c.ttl, c.reconcileAfter, c.reconcileEvery)
+	}
+	if c.ttl <= idem.DefaultRetryPending {
+		return usage("-ttl %v must be longer than the Retry-After of a pending key (%v)", c.ttl, idem.DefaultRetryPending)
 	}
 	// The store's own rules (schema name) are checked without a database.
 	if err := c.storeConfig().Validate(); err != nil {
@@ -290,7 +298,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	guard, err := idem.New(store, gcfg)
 	if err != nil {
-		// A -ttl not longer than the guard's MaxHold, say.
+		// A -ttl not longer than the guard's MaxHold (46.5s), say.
 		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}

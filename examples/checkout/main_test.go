@@ -38,6 +38,11 @@ func TestFlagErrors(t *testing.T) {
 		{"work syntax", []string{"-work", "soon"}, `invalid value "soon" for flag -work`},
 		{"negative work", []string{"-work", "-1s"}, "-work -1s must not be negative"},
 		{"ttl", []string{"-ttl", "0s"}, "-ttl 0s must be at least 1s"},
+		// Issue 20: a -ttl of 65s let a settled key expire before the
+		// client that waited for it came back, and charged it again.
+		{"ttl within the reconciler's reach", []string{"-ttl", "65s"}, "-ttl 1m5s must be longer than -reconcile-after 1m0s + -reconcile-every 10s"},
+		{"ttl within a pending Retry-After", []string{"-ttl", "25s", "-reconcile-after", "10s", "-reconcile-every", "5s"},
+			"-ttl 25s must be longer than the Retry-After of a pending key (30s)"},
 		{"schema", []string{"-schema", "Bad-Name"}, `-schema "Bad-Name"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -164,7 +164,7 @@ func TestRunPartitioned(t *testing.T) {
 	require.NoError(t, err, progress.String())
 	require.Equal(t, 4, rep.Partitions)
 	s := rep.Steps[0]
-	require.Equal(t, "95", s.Sizes.Fillfactor, "read from a partition")
+	require.Equal(t, "93", s.Sizes.Fillfactor, "read from a partition")
 	for _, r := range s.Sizes.Relations {
 		if r.Kind != "toast" && !strings.Contains(r.Name, "reconcile_after") {
 			require.Positive(t, r.Bytes, r.Name)

@@ -159,6 +159,10 @@ func (t *guardTarget) Do(ctx context.Context, req idem.Request) (string, error) 
 // retention is durable.DefaultRetention in microseconds, as the store passes it.
 var retention = durable.DefaultRetention.Microseconds()
 
+// maxHold is the default Guard's MaxHold (46.5 s), in microseconds, the hold
+// its claims record.
+var maxHold = (46500 * time.Millisecond).Microseconds()
+
 // ceiling issues the guard's statements and commands with nothing around
 // them: no validation, no contexts per call, no statistics, no logging, and
 // no decoding of the returned row beyond the two columns a decision needs.
@@ -252,7 +256,7 @@ func queryRow(ctx context.Context, env *Env, sql string, args ...any) (row, erro
 				r.inProgress = raw[i] == nil
 			case "claimed":
 				r.claimed = isTrue(raw[i])
-			case "expired":
+			case "expired", "takeable": // takeable: expired, or released
 				r.expired = isTrue(raw[i])
 			}
 		}
@@ -288,7 +292,9 @@ func (c *ceiling) Do(ctx context.Context, req idem.Request) (string, error) {
 // what the row says.
 func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lease) (string, error) {
 	owner := c.token()
-	r, err := c.queryRow(ctx, c.sql.claim, req.Scope, req.Key, req.Fingerprint[:], owner[:], retention)
+	// The Guard's arguments: the owner is the first attempt's intent too,
+	// and the hold is the default MaxHold.
+	r, err := c.queryRow(ctx, c.sql.claim, req.Scope, req.Key, req.Fingerprint[:], owner[:], retention, owner[:], maxHold)
 	if err == nil && !r.found {
 		// Lost a race with a claimer that committed after our snapshot.
 		r, err = c.queryRow(ctx, c.sql.get, req.Scope, req.Key, retention)
