@@ -197,6 +197,15 @@ var storeCases = []struct {
 		require.Equal(t, q.Owner, x.claim(t, q).Intent, "a zero Intent is the Owner")
 	}},
 
+	{"complete/refuses a header value JSON would change", func(t *testing.T, x *suite) {
+		p := params(t, "user-1", "key-1", "a")
+		x.claim(t, p)
+		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner,
+			durable.Answer{Status: 200, Header: http.Header{"Etag": {"caf\xe9"}}})
+		require.ErrorIs(t, err, durable.ErrInvalid, "invalid UTF-8 would be stored as U+FFFD")
+		require.True(t, x.get(t, p.Scope, p.Key).InProgress(), "nothing written")
+	}},
+
 	{"claim/loses to an in-progress row and gets it", func(t *testing.T, x *suite) {
 		first := params(t, "user-1", "key-1", "a")
 		x.claim(t, first)

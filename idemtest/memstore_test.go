@@ -215,20 +215,6 @@ func TestMemStoreCopies(t *testing.T) {
 	require.Equal(t, []byte("paid"), rec.Answer.Body)
 }
 
-func TestMemStoreHeadersAsJSON(t *testing.T) {
-	s := idemtest.NewMemStore(nil)
-	ctx := t.Context()
-	p := claimParams(t, "u", "k", "a")
-	_, _, err := s.Claim(ctx, p)
-	require.NoError(t, err)
-	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner,
-		durable.Answer{Status: 200, Header: http.Header{"Etag": {"caf\xe9"}}}))
-	rec, err := s.Get(ctx, p.Scope, p.Key)
-	require.NoError(t, err)
-	require.Equal(t, http.Header{"Etag": {"caf\ufffd"}}, rec.Answer.Header,
-		"invalid UTF-8 does not survive the JSON of the PostgreSQL store either")
-}
-
 func TestMemStoreSweep(t *testing.T) {
 	s := idemtest.NewMemStore(nil)
 	ctx, cancel := context.WithCancel(t.Context())
