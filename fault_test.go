@@ -157,6 +157,7 @@ type rig struct {
 	intents sync.Map // scope\x00key -> *intent
 	seq     atomic.Int64
 	charges atomic.Int64
+	ledger  sync.Map                                     // scope\x00key -> charge: the provider's record, by the key derived from the intent
 	onWork  func(ctx context.Context, in *intent, n int) // runs inside the work, before it completes
 
 	requests   atomic.Int64
@@ -286,25 +287,38 @@ func (r *rig) work(ctx context.Context, in *intent) idem.Response {
 		resp = idem.Response{Status: http.StatusGatewayTimeout, Header: http.Header{}, Body: []byte("payment provider timeout")}
 	case <-t.C:
 		charged = true
-		id := r.charges.Add(1)
-		note := ""
-		if in.slowStore {
-			note = `,"note":"slow-store"`
-		}
-		if in.declined {
-			resp = idem.Response{Status: http.StatusPaymentRequired,
-				Header: http.Header{"Content-Type": {"application/problem+json"}},
-				Body:   fmt.Appendf(nil, `{"title":"card declined","attempt":%d%s}`, id, note)}
-		} else {
-			resp = idem.Response{Status: http.StatusCreated,
-				Header: http.Header{"Content-Type": {"application/json"}, "Location": {fmt.Sprintf("/orders/%d", id)}},
-				Body:   fmt.Appendf(nil, `{"order":%d,"key":%q%s}`, id, in.key, note)}
-		}
+		c := charge{id: r.charges.Add(1), declined: in.declined}
+		r.ledger.Store(in.scope+"\x00"+in.key, c)
+		resp = r.render(in, c)
 	}
 	in.mu.Lock()
 	in.execs[n].end, in.execs[n].charged, in.execs[n].answer = time.Now(), charged, resp
 	in.mu.Unlock()
 	return resp
+}
+
+// charge is what the provider records of a charge, by the intent's key: all
+// a resolver has to rebuild the answer from.
+type charge struct {
+	id       int64
+	declined bool
+}
+
+// render is the answer of a charge, as the work gives it and a resolver
+// rebuilds it.
+func (r *rig) render(in *intent, c charge) idem.Response {
+	note := ""
+	if in.slowStore {
+		note = `,"note":"slow-store"`
+	}
+	if c.declined {
+		return idem.Response{Status: http.StatusPaymentRequired,
+			Header: http.Header{"Content-Type": {"application/problem+json"}},
+			Body:   fmt.Appendf(nil, `{"title":"card declined","attempt":%d%s}`, c.id, note)}
+	}
+	return idem.Response{Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {fmt.Sprintf("/orders/%d", c.id)}},
+		Body:   fmt.Appendf(nil, `{"order":%d,"key":%q%s}`, c.id, in.key, note)}
 }
 
 func (r *rig) serveHTTP(w http.ResponseWriter, req *http.Request) {
@@ -501,8 +515,8 @@ func (f figures) log(t *testing.T) {
 
 // finish drives every unfinished intent again for up to budget (the fault is
 // over), reconciles the keys still in progress the way a reconciler would
-// (settle with the answer of the charge that happened, or release when
-// nothing was charged), then replays every intent and checks it against what
+// (settle with the answer rebuilt from the provider's record of the charge,
+// or release when nothing was charged), then replays every intent and checks it against what
 // clients were told. An intent that ran twice, or an answer a client was
 // told that its replay contradicts, fails the test.
 func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Duration) {
@@ -547,8 +561,10 @@ func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Durati
 			return
 		}
 		owner := rec.Owner
-		if ch := in.charged(); len(ch) > 0 {
-			if err := r.guard.Settle(ctx, in.scope, in.key, owner, ch[len(ch)-1].answer); err != nil {
+		// As a real resolver does: ask the provider, and rebuild the
+		// answer from its record, never from what a client was told.
+		if c, ok := r.ledger.Load(in.scope + "\x00" + in.key); ok {
+			if err := r.guard.Settle(ctx, in.scope, in.key, owner, r.render(in, c.(charge))); err != nil {
 				errs[i] = fmt.Errorf("settle %s: %w", in.key, err)
 			} else {
 				settled.Add(1)
