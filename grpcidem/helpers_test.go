@@ -74,11 +74,13 @@ func newTestDB(t *testing.T) testDB {
 	return testDB{pool: pool, schema: cfg.Schema, store: store}
 }
 
-// age moves the claim of every key back by d, as if it had been made d ago.
+// age moves every key back by d, as if it had been claimed d ago: its claim,
+// its owner's deadline, and its answer or release (from which it expires).
 func (db testDB) age(t *testing.T, d time.Duration) {
 	t.Helper()
 	_, err := db.pool.Exec(t.Context(), "UPDATE "+pgx.Identifier{db.schema, durable.DefaultTable}.Sanitize()+
-		" SET created_at = created_at - make_interval(secs => $1)", d.Seconds())
+		" SET created_at = created_at - make_interval(secs => $1), hold_until = hold_until - make_interval(secs => $1),"+
+		" completed_at = completed_at - make_interval(secs => $1), released_at = released_at - make_interval(secs => $1)", d.Seconds())
 	require.NoError(t, err)
 }
 

@@ -85,7 +85,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"-strategy", "magic"}, 2, "-strategy must be"},
 		{[]string{"-strategy", "magic", "-database-url", unreachableDB}, 2, "-strategy must be"},
 		// Refused by the guard's configuration, before PostgreSQL is asked.
-		{[]string{"-strategy", "table", "-ttl", "10s", "-database-url", unreachableDB}, 2, "retention 10s"},
+		{[]string{"-strategy", "table", "-ttl", "10s", "-database-url", unreachableDB}, 2, "-ttl 10s must be longer"},
 		{[]string{"-strategy", "table", "-addr", taken.Addr().String(), "-database-url", unreachableDB}, 1, "address already in use"},
 	} {
 		cmd := exec.Command(os.Args[0], tc.args...)
