@@ -19,6 +19,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/faultproxy"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 )
 
@@ -32,6 +33,7 @@ import (
 // IDEM_FAULT_SLOW_FOR sets the fault's length (default 4s; the figure in
 // docs/reliability.md is for 30s).
 func TestFaultPostgresSlow(t *testing.T) {
+	heavy.Gate(t) // the fault suite: seconds of load
 	faultFor := 4 * time.Second
 	if v := os.Getenv("IDEM_FAULT_SLOW_FOR"); v != "" {
 		d, err := time.ParseDuration(v)
