@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/idemguard/idem/bench/internal/bigtable"
+	"github.com/idemguard/idem/bench/internal/cli"
 	"github.com/idemguard/idem/bench/internal/crossover"
 	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
@@ -153,14 +154,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Dup:         *dup,
 		StormK:      *stormK,
 		StormWindow: *stormWin,
-		Scenarios:   split(*scenarios),
-		Strategies:  split(*strategies),
+		Scenarios:   cli.Split(*scenarios),
+		Strategies:  cli.Split(*strategies),
 		NoCeiling:   !*ceiling,
 		NoMinimal:   !*minimal,
 		NoiseRuns:   *noiseRuns,
 		Instances:   counts,
 		Limits:      load.Limits{MaxP99: *p99Limit},
-		Command:     command(fs),
+		Command:     cli.CommandLine("go run ./bench", fs),
 		Progress:    stdout,
 	}
 	rep, err := plan.Run(ctx, cfg)
@@ -187,7 +188,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // instanceCounts parses -instances: positive, ascending counts.
 func instanceCounts(list string) ([]int, error) {
 	var out []int
-	for _, s := range split(list) {
+	for _, s := range cli.Split(list) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("-instances: %q is not a positive count", s)
@@ -204,7 +205,7 @@ func instanceCounts(list string) ([]int, error) {
 func offeredRates(list string, start, factor, maxRate float64) ([]float64, error) {
 	if list != "" {
 		var out []float64
-		for _, s := range split(list) {
+		for _, s := range cli.Split(list) {
 			v, err := strconv.ParseFloat(s, 64)
 			if err != nil || !(v > 0) || math.IsInf(v, 0) {
 				return nil, fmt.Errorf("-rates: %q is not a positive number", s)
@@ -224,29 +225,6 @@ func offeredRates(list string, start, factor, maxRate float64) ([]float64, error
 		out = append(out, math.Round(r))
 	}
 	return out, nil
-}
-
-func split(s string) []string {
-	var out []string
-	for f := range strings.SplitSeq(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// command renders the invocation with the flags that were set.
-func command(fs *flag.FlagSet) string {
-	parts := []string{"go run ./bench"}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
-			parts = append(parts, "-database-url <redacted>")
-			return
-		}
-		parts = append(parts, "-"+f.Name+" "+f.Value.String())
-	})
-	return strings.Join(parts, " ")
 }
 
 // summary prints the final summary: the overhead ratios, the noise and the

@@ -8,8 +8,9 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/idemguard/idem/bench/internal/cli"
 )
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -58,7 +59,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := Config{DatabaseURL: *dbURL, RedisAddr: *redisAddr, Rounds: *rounds, Run: *runFor, Callers: *callers,
 		Recent: *recent, PoolSize: *poolSize, RedisPoolSize: *redisPool, Work: *work, Progress: stdout}
-	for _, s := range split(*shares) {
+	for _, s := range cli.Split(*shares) {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || v < 0 || v >= 1 {
 			fmt.Fprintf(stderr, "crossover: -shares: %q is not in [0, 1)\n", s)
@@ -66,7 +67,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Shares = append(cfg.Shares, v)
 	}
-	for _, s := range split(*distances) {
+	for _, s := range cli.Split(*distances) {
 		if s == "0" {
 			cfg.Distances = append(cfg.Distances, 0)
 			continue
@@ -93,7 +94,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	res.Summary(stdout)
-	if err := res.Write(*outDir, command(fs)); err != nil {
+	if err := res.Write(*outDir, cli.CommandLine("go run ./bench crossover", fs)); err != nil {
 		fmt.Fprintf(stderr, "crossover: writing the report: %v\n", err)
 		return 1
 	}
@@ -102,26 +103,4 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 130
 	}
 	return 0
-}
-
-func split(s string) []string {
-	var out []string
-	for f := range strings.SplitSeq(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-func command(fs *flag.FlagSet) string {
-	parts := []string{"go run ./bench crossover"}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
-			parts = append(parts, "-database-url <redacted>")
-			return
-		}
-		parts = append(parts, "-"+f.Name+" "+f.Value.String())
-	})
-	return strings.Join(parts, " ")
 }

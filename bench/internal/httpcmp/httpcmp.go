@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/bench/internal/cli"
 	"github.com/idemguard/idem/bench/internal/fleet"
 	"github.com/idemguard/idem/bench/internal/target"
 )
@@ -121,9 +122,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: split(*strategies), rounds: *rounds, run: *runFor,
+	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
 		replayKeys: *replayKeys, baseline: *baseline, progress: stdout}
-	for _, s := range split(*callers) {
+	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			fmt.Fprintf(stderr, "http: -callers: %q is not a positive count\n", s)
@@ -143,7 +144,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	var b strings.Builder
-	markdown(&b, cfg, runs, commandLine(fs), started, interrupted)
+	markdown(&b, cfg, runs, cli.CommandLine("go run ./bench http", fs), started, interrupted)
 	fmt.Fprint(stdout, "\n"+b.String())
 	if err := write(*outDir, b.String(), runs); err != nil {
 		fmt.Fprintf(stderr, "http: writing the report: %v\n", err)
@@ -515,26 +516,4 @@ func write(dir, md string, runs []Run) error {
 		return err
 	}
 	return f.Close()
-}
-
-func split(s string) []string {
-	var out []string
-	for f := range strings.SplitSeq(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-func commandLine(fs *flag.FlagSet) string {
-	parts := []string{"go run ./bench http"}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
-			parts = append(parts, "-database-url <redacted>")
-			return
-		}
-		parts = append(parts, "-"+f.Name+" "+f.Value.String())
-	})
-	return strings.Join(parts, " ")
 }
