@@ -253,7 +253,7 @@ func ExampleNew_hybrid() {
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  os.Getenv("REDIS_ADDR"),
 		ContextTimeoutEnabled: true,                   // honour the lock's per-call deadline; lock.New refuses a client without it
-		MaxRetries:            -1,                     // no retry: a SET NX retried after a lost reply finds its own lease (a spurious 409)
+		MaxRetries:            -1,                     // no retry: a lease retried after a lost reply finds its own state (a spurious 409)
 		DialerRetries:         1,                      // one dial per attempt (go-redis makes 5 by default)
 		DialTimeout:           250 * time.Millisecond, // shorter than the lock's Timeout (500 ms)
 	})
