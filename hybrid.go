@@ -20,7 +20,7 @@ import (
 // when the claim finds a row, the lease is replaced by what the row says.
 //
 // After a Redis failure the guard goes straight to the table claim for a
-// second (redisDown): a stalled Redis then costs one request per second its
+// second (redisBreaker): a stalled Redis then costs one request per second its
 // timeout, not every request.
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	if !g.redis.allow() {
