@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemguard/idem/bench/internal/cli"
 )
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -72,7 +74,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg := Config{
 		DatabaseURL: *dbURL, Rows: rows, Samples: *samples, Concurrency: conc,
 		ExpiredShare: *expired, Chunk: *chunk, LoadWorkers: *workers, Headroom: *headroom,
-		Phase: *phase, Autovacuum: *autovac, Partitions: *parts, Command: commandLine(fs), Progress: stdout,
+		Phase: *phase, Autovacuum: *autovac, Partitions: *parts, Command: cli.CommandLine("go run ./bench bigtable", fs), Progress: stdout,
 	}
 	if *phase == 0 {
 		cfg.Phase = -1
@@ -115,17 +117,4 @@ func parseCounts(s string) ([]int64, error) {
 		out = append(out, n*mult)
 	}
 	return out, nil
-}
-
-// commandLine renders the invocation with the flags that were set.
-func commandLine(fs *flag.FlagSet) string {
-	parts := []string{"go run ./bench bigtable"}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
-			parts = append(parts, "-database-url <redacted>")
-			return
-		}
-		parts = append(parts, "-"+f.Name+" "+f.Value.String())
-	})
-	return strings.Join(parts, " ")
 }
