@@ -1,0 +1,155 @@
+package lock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxBatch is the most commands one pipeline carries; more wait for the next.
+const maxBatch = 256
+
+// pipeline sends a Locker's commands, at most one exchange with Redis at a
+// time. A command that finds nothing in flight goes out at once, as a plain
+// command: one caller alone pays exactly what go-redis would. Commands that
+// arrive while an exchange is out queue, and go together as one pipeline
+// when it returns, in the order they arrived, as a database groups the
+// commits that queue behind a flush. Under load this is most of what the
+// lease costs: one round trip's system calls and wake-ups on both sides
+// serve many commands, so that the hybrid's lease is cheap beside the
+// PostgreSQL statement it saves.
+//
+// Each caller waits for its own command at most until its context ends; a
+// command whose caller has gone by the time its batch is sent is not sent.
+// A pipeline's exchange is bounded by the Locker's Timeout.
+type pipeline struct {
+	client  redis.UniversalClient
+	timeout time.Duration
+	scripts []*redis.Script // loaded again when Redis has lost them
+
+	mu      sync.Mutex
+	busy    bool    // an exchange is out: newcomers queue
+	pending []*call // queued, in arrival order
+}
+
+// call is one queued command. queue adds it to c, a client (sent at once) or
+// a pipeline (sent by Exec), and returns it.
+type call struct {
+	ctx   context.Context
+	queue func(ctx context.Context, c redis.Cmdable) redis.Cmder
+	cmd   redis.Cmder
+	err   error
+	done  chan struct{}
+}
+
+// do sends the command that queue builds and returns it with its error
+// (redis.Nil for a nil reply), or ctx's error when ctx ended first; the
+// command may still have reached Redis then.
+func (p *pipeline) do(ctx context.Context, queue func(context.Context, redis.Cmdable) redis.Cmder) (redis.Cmder, error) {
+	c := &call{ctx: ctx, queue: queue}
+	p.mu.Lock()
+	if !p.busy {
+		p.busy = true
+		p.mu.Unlock()
+		p.send(ctx, []*call{c})
+		p.next()
+		return c.cmd, c.err
+	}
+	c.done = make(chan struct{})
+	p.pending = append(p.pending, c)
+	p.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.cmd, c.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// next ends an exchange: the commands that queued meanwhile go out from a
+// goroutine of their own, which keeps sending until nothing is queued.
+func (p *pipeline) next() {
+	if batch := p.take(); batch != nil {
+		go p.drain(batch)
+	}
+}
+
+// take returns the next batch, or nil and marks the pipeline idle.
+func (p *pipeline) take() []*call {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pending) == 0 {
+		p.busy = false
+		return nil
+	}
+	n := min(len(p.pending), maxBatch)
+	batch := p.pending[:n:n]
+	p.pending = p.pending[n:]
+	if len(p.pending) == 0 {
+		p.pending = nil
+	}
+	return batch
+}
+
+func (p *pipeline) drain(batch []*call) {
+	for ; batch != nil; batch = p.take() {
+		live := batch[:0:0]
+		for _, c := range batch {
+			if err := c.ctx.Err(); err != nil {
+				c.err = err
+				close(c.done)
+				continue
+			}
+			live = append(live, c)
+		}
+		if len(live) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+			p.send(ctx, live)
+			cancel()
+		}
+		for _, c := range live {
+			close(c.done)
+		}
+	}
+}
+
+// send runs calls, one alone as a plain command, several as one pipeline,
+// and loads the scripts again and resends the calls that found them missing
+// (NOSCRIPT: Redis restarted, failed over, or its script cache was flushed).
+func (p *pipeline) send(ctx context.Context, calls []*call) {
+	p.exec(ctx, calls)
+	var again []*call
+	for _, c := range calls {
+		if redis.HasErrorPrefix(c.err, "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	for _, s := range p.scripts {
+		if err := s.Load(ctx, p.client).Err(); err != nil {
+			return // the calls keep their NOSCRIPT error
+		}
+	}
+	p.exec(ctx, again)
+}
+
+func (p *pipeline) exec(ctx context.Context, calls []*call) {
+	if len(calls) == 1 {
+		c := calls[0]
+		c.cmd = c.queue(ctx, p.client)
+		c.err = c.cmd.Err()
+		return
+	}
+	pipe := p.client.Pipeline()
+	for _, c := range calls {
+		c.cmd = c.queue(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for _, c := range calls {
+		c.err = c.cmd.Err()
+	}
+}
