@@ -1,12 +1,16 @@
 package tempserver
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // account is the account a server runs as when the test runs as root.
@@ -48,4 +52,49 @@ func childAttr(u *account) *syscall.SysProcAttr {
 		return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	}
 	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid}}
+}
+
+// killGroup sends SIGKILL to every process of the process group pgid at
+// once and waits until none of them runs any more. A zombie (killed, not yet
+// reaped: a postmaster's orphans are reparented to PID 1, which may never
+// reap them) no longer runs, so it does not count.
+func killGroup(pgid int) error {
+	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill process group %d: %w", pgid, err)
+	}
+	return waitFor(10*time.Second, func() error {
+		if n := groupRunning(pgid); n > 0 {
+			return fmt.Errorf("%d processes of group %d still run", n, pgid)
+		}
+		return nil
+	})
+}
+
+// groupRunning counts the processes of group pgid that are not zombies, from
+// /proc/<pid>/stat (field 3 is the state, field 5 the process group).
+func groupRunning(pgid int) int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// The command name (field 2) is in parentheses and may hold spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, _ := strconv.Atoi(f[2]); g == pgid {
+			n++
+		}
+	}
+	return n
 }

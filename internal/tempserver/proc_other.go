@@ -20,3 +20,5 @@ func serverUser() (*account, error) {
 func (u *account) own(string) error { return nil }
 
 func childAttr(*account) *syscall.SysProcAttr { return nil }
+
+func killGroup(int) error { return errors.New("killing a process group is only supported on Linux") }

@@ -1,8 +1,9 @@
 // Package tempserver starts throwaway servers for fault-injection tests: a
 // redis-server on a free port of 127.0.0.1, a Redis Cluster of six of them
-// (three masters, three replicas), and a PostgreSQL cluster created with
-// initdb in a temporary directory and run with pg_ctl. Tests may kill and
-// restart them at will; everything is stopped and deleted when the test ends.
+// (three masters, three replicas), a PostgreSQL cluster created with
+// initdb in a temporary directory and run with pg_ctl, and streaming
+// standbys of it (pg_basebackup -R) to promote. Tests may kill and restart
+// them at will; everything is stopped and deleted when the test ends.
 //
 // When a binary is missing the test is skipped, except under CI=true, where
 // it fails: CI must never skip.

@@ -135,3 +135,50 @@ func TestRedisClusterFailover(t *testing.T) {
 	require.Equal(t, "replica", role, "a restarted master rejoins as a replica of its successor")
 	t.Logf("all done in %v", time.Since(start).Round(time.Millisecond))
 }
+
+// A synchronous standby has every acknowledged commit of its primary, even
+// with its replay paused; after the primary is killed it is promoted and
+// serves them, and takes writes.
+func TestPostgresStandbyPromoted(t *testing.T) {
+	primary := tempserver.StartPostgres(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, primary.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE TABLE t (x int)")
+	require.NoError(t, err)
+
+	standby := primary.StartStandby(t, "standby1")
+	require.NotEqual(t, primary.Addr(), standby.Addr())
+	_, err = conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = 'standby1'")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var state string
+		err := conn.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'").Scan(&state)
+		return err == nil && state == "sync"
+	}, 10*time.Second, 20*time.Millisecond, "the standby connects under its name and is synchronous")
+
+	sconn, err := pgx.Connect(ctx, standby.URL())
+	require.NoError(t, err)
+	_, err = sconn.Exec(ctx, "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "INSERT INTO t VALUES (1)") // acknowledged once the standby has flushed it
+	require.NoError(t, err)
+	require.NoError(t, sconn.Close(ctx))
+
+	require.NoError(t, primary.Kill())
+	require.NoError(t, primary.Kill(), "killing a dead server does nothing")
+	require.Error(t, conn.Ping(ctx), "the connection died with the server")
+
+	require.NoError(t, standby.Promote())
+	sconn, err = pgx.Connect(ctx, standby.URL())
+	require.NoError(t, err)
+	defer sconn.Close(ctx)
+	var n int
+	require.NoError(t, sconn.QueryRow(ctx, "SELECT count(*) FROM t WHERE x = 1").Scan(&n))
+	require.Equal(t, 1, n, "the acknowledged row was replayed at the promotion")
+	_, err = sconn.Exec(ctx, "INSERT INTO t VALUES (2)")
+	require.NoError(t, err, "the promoted standby takes writes")
+}
