@@ -164,11 +164,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 		refresh: redis.NewScript(refreshSrc),
 		ttl:     redis.NewScript(ttlSrc),
 	}
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = defaultTimeout
-	}
-	l.pipe = &pipeline{client: client, timeout: timeout, scripts: []*redis.Script{l.obtain, l.replace, l.refresh, l.ttl}}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, scripts: []*redis.Script{l.obtain, l.replace, l.refresh, l.ttl}}
 	return l, nil
 }
 

@@ -23,7 +23,9 @@ const maxBatch = 256
 //
 // Each caller waits for its own command at most until its context ends; a
 // command whose caller has gone by the time its batch is sent is not sent.
-// A pipeline's exchange is bounded by the Locker's Timeout.
+// A pipeline's exchange is bounded by the Locker's Timeout and runs under a
+// context of its own: the values of its callers' contexts (a trace span, say)
+// reach go-redis's hooks only for a command sent alone.
 type pipeline struct {
 	client  redis.UniversalClient
 	timeout time.Duration
