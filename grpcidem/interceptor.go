@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,10 +59,10 @@ func WithFingerprint(fn FingerprintFunc) Option { return func(ic *interceptor) {
 func WithMaxResponseSize(n int) Option { return func(ic *interceptor) { ic.maxResp = n } }
 
 // WithRetryHints sets the RetryInfo delay sent with codes.Aborted (in
-// progress, or pending reconciliation) and codes.Unavailable refusals. A zero
-// field takes its default; a negative one sends no RetryInfo. Defaults to
-// idem.DefaultRetryInProgress (1s), idem.DefaultRetryPending (30s) and
-// idem.DefaultRetryUnavailable (2s), as the HTTP middleware's Retry-After.
+// progress, or pending reconciliation) and codes.Unavailable refusals: the
+// RetryAfter of idem.Classify, with its jitter, as the HTTP middleware's
+// Retry-After. A zero field takes its default; a negative one sends no
+// RetryInfo. Defaults to 1s in progress, 30s pending and 2s unavailable.
 func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { ic.retry = h } }
 
 // WithLogger sets where the interceptor logs what a client is not told (a
@@ -147,14 +146,6 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 	case ic.log == nil:
 		panic("grpcidem: WithLogger: nil logger")
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&ic.retry.InProgress, idem.DefaultRetryInProgress)
-	def(&ic.retry.Pending, idem.DefaultRetryPending)
-	def(&ic.retry.Unavailable, idem.DefaultRetryUnavailable)
 	return ic.intercept
 }
 
@@ -169,22 +160,11 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	scope, ok := ic.scope(ctx)
 	if !ok || scope == "" {
-		return nil, ic.unauthenticated()
+		return nil, ic.refuse(ctx, info.FullMethod, idem.OutcomeNone, &idem.RequestError{Field: "Scope", Reason: "no authenticated caller"})
 	}
 	key, err := parseKey(values)
 	if err != nil {
-		if errors.Is(err, errKeyMissing) {
-			return nil, refusal(codes.InvalidArgument, ReasonKeyMissing,
-				"Send an "+ic.mdKey+" metadata entry with a unique value (e.g. a UUID) per intent.", 0,
-				map[string]string{"metadata_key": ic.mdKey})
-		}
-		reason := "malformed"
-		if ke := (*keyError)(nil); errors.As(err, &ke) {
-			reason = ke.reason
-		}
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid,
-			"The "+ic.mdKey+" metadata entry is invalid: "+reason+".", 0,
-			map[string]string{"metadata_key": ic.mdKey})
+		return nil, ic.refuse(ctx, info.FullMethod, idem.OutcomeNone, err)
 	}
 	fp, err := ic.fingerprint(info.FullMethod, req)
 	if err != nil {
@@ -220,38 +200,42 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		}
 		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true")) // fails only outside a server call
 		return resp, rpcErr
-	case idem.OutcomeInProgress:
-		if errors.Is(err, idem.ErrPending) {
-			return nil, refusal(codes.Aborted, ReasonPending,
-				"The outcome of the request with this idempotency key is not known yet; it is being reconciled. Retry later with the same key.",
-				ic.retry.Pending, nil)
-		}
-		return nil, refusal(codes.Aborted, ReasonInProgress,
-			"A request with this idempotency key is being processed. Retry shortly with the same key.", ic.retry.InProgress, nil)
-	case idem.OutcomeKeyReused:
-		return nil, refusal(codes.FailedPrecondition, ReasonKeyReused,
-			"This idempotency key was used with a different request. Use a new key for a new intent.", 0, nil)
 	}
-	// OutcomeNone: the handler did not run.
-	var re *idem.RequestError
-	switch {
-	case errors.As(err, &re) && re.Field == "Scope":
+	// Refused: the handler did not run.
+	if re := (*idem.RequestError)(nil); errors.As(err, &re) && re.Field == "Scope" {
 		// The ScopeFunc returned an identity the guard cannot key on (too
 		// long, not UTF-8): the caller is not usable.
 		ic.log.LogAttrs(ctx, slog.LevelWarn, "grpcidem: ScopeFunc returned an unusable scope", slog.String("reason", re.Reason))
-		return nil, ic.unauthenticated()
-	case re != nil:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "The "+ic.mdKey+" metadata entry is invalid.", 0,
-			map[string]string{"metadata_key": ic.mdKey})
-	case ctx.Err() != nil:
-		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
-		slog.String("method", info.FullMethod), slog.Any("error", err))
-	return nil, refusal(codes.Unavailable, ReasonUnavailable,
-		"The request was not processed. Retry later with the same idempotency key.", ic.retry.Unavailable, nil)
+	return nil, ic.refuse(ctx, info.FullMethod, outcome, err)
 }
 
-func (ic *interceptor) unauthenticated() error {
-	return refusal(codes.Unauthenticated, ReasonUnauthenticated, "This request needs an authenticated caller.", 0, nil)
+// refuse returns the status of the refusal that idem.Classify makes of
+// outcome and err (never an answered one): the code, the ErrorInfo reason
+// and the RetryInfo of its kind, with a message worded for gRPC. When the
+// call's own context has ended, the guard could not decide because of it:
+// the client gets the context's code (Canceled, DeadlineExceeded) instead
+// of Unavailable.
+func (ic *interceptor) refuse(ctx context.Context, method string, outcome idem.Outcome, err error) error {
+	d := idem.Classify(outcome, err, ic.retry)
+	r := refusals[d.Slug]
+	var meta map[string]string
+	switch d.Slug {
+	case idem.ProblemKeyMissing:
+		r.msg = "Send an " + ic.mdKey + " metadata entry with a unique value (e.g. a UUID) per intent."
+		meta = map[string]string{"metadata_key": ic.mdKey}
+	case idem.ProblemKeyInvalid:
+		r.msg = "The " + ic.mdKey + " metadata entry is invalid."
+		if ke := (*idem.KeyError)(nil); errors.As(err, &ke) {
+			r.msg = "The " + ic.mdKey + " metadata entry is invalid: " + ke.Reason + "."
+		}
+		meta = map[string]string{"metadata_key": ic.mdKey}
+	case idem.ProblemServiceUnavailable:
+		if cerr := ctx.Err(); cerr != nil {
+			return status.FromContextError(cerr).Err()
+		}
+		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
+			slog.String("method", method), slog.Any("error", err))
+	}
+	return refusal(r.code, r.reason, r.msg, d.RetryAfter, meta)
 }
