@@ -131,9 +131,3 @@ func jitter(d time.Duration) time.Duration {
 	return time.Duration(secs+rand.Int64N(spread+1)) * time.Second
 }
 
-// Default Retry-After values.
-const (
-	DefaultRetryInProgress  = defaultRetryInProgress
-	DefaultRetryPending     = defaultRetryPending
-	DefaultRetryUnavailable = defaultRetryUnavailable
-)
