@@ -118,8 +118,8 @@ func WithFingerprint(fn FingerprintFunc) Option { return func(m *middleware) { m
 
 // WithWait lets a retry that finds its key in progress wait up to d for the
 // running request's answer and replay it, instead of being refused with 409
-// (see WaitFor; the Guard needs a Config.Waiter). Keep d below the client's
-// own timeout. Defaults to 0: no waiting.
+// (see WaitFor). The Guard needs a Config.Waiter: Middleware panics without
+// one. Keep d below the client's own timeout. Defaults to 0: no waiting.
 func WithWait(d time.Duration) Option { return func(m *middleware) { m.wait = d } }
 
 // WithProblemBase sets the URI that problem type slugs are appended to.
@@ -181,6 +181,9 @@ type middleware struct {
 // Retry-After when the store is unavailable (see WithRetryHints). Internal error text goes to the Guard's logger, never to the
 // client.
 //
+// Middleware panics if scope is nil, or if WithWait asks a Guard without a
+// Config.Waiter to wait (see Guard.CheckOptions).
+//
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
 // larger than the response limit is sent as it is produced and not stored.
 // Its key stays in progress, exactly like a 5xx: retries get 409 until the key
@@ -205,6 +208,9 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 	}
 	if base.wait > 0 {
 		base.doOpts = []DoOption{WaitFor(base.wait)}
+		if err := g.CheckOptions(base.doOpts...); err != nil {
+			panic(err)
+		}
 	}
 	return func(next http.Handler) http.Handler {
 		m := base
