@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -65,6 +66,16 @@ func WithMaxResponseSize(n int) Option { return func(ic *interceptor) { ic.maxRe
 // RetryInfo. Defaults to 1s in progress, 30s pending and 2s unavailable.
 func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { ic.retry = h } }
 
+// WithWait lets a retry that finds its key in progress wait up to d for the
+// running call's answer and get it, replayed (idem.WaitFor), instead of
+// being refused with codes.Aborted (REQUEST_IN_PROGRESS); if the running
+// call's key is released meanwhile, the retry runs the handler itself. After
+// d it is refused as without waiting; a key pending reconciliation is never
+// waited for. The Guard needs a Config.Waiter: UnaryServerInterceptor panics
+// without one. Keep d below your clients' deadlines. Defaults to 0: no
+// waiting.
+func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
+
 // WithLogger sets where the interceptor logs what a client is not told (a
 // request it cannot fingerprint, a stored answer it cannot decode, an answer
 // not stored). The guard logs its own decisions to its Config.Logger.
@@ -81,6 +92,8 @@ type interceptor struct {
 	maxResp     int
 	retry       idem.RetryHints
 	log         *slog.Logger
+	wait        time.Duration
+	doOpts      []idem.DoOption // built once from wait
 }
 
 // UnaryServerInterceptor returns a gRPC unary server interceptor that runs
@@ -120,7 +133,7 @@ type interceptor struct {
 // header and trailer metadata the handler sets are not replayed.
 //
 // UnaryServerInterceptor panics if g or scope is nil, or if an option is
-// invalid.
+// invalid, WithWait on a Guard without a Config.Waiter included.
 func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	if g == nil || scope == nil {
 		panic("grpcidem: UnaryServerInterceptor needs a Guard and a ScopeFunc")
@@ -145,6 +158,12 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 		panic("grpcidem: WithMaxResponseSize: must be positive")
 	case ic.log == nil:
 		panic("grpcidem: WithLogger: nil logger")
+	}
+	if ic.wait > 0 {
+		ic.doOpts = []idem.DoOption{idem.WaitFor(ic.wait)}
+		if err := g.CheckOptions(ic.doOpts...); err != nil {
+			panic(err)
+		}
 	}
 	return ic.intercept
 }
@@ -179,7 +198,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	stored, outcome, err := ic.g.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
 		out, herr = handler(wctx, req)
 		return disposition(out, herr, ic.maxResp)
-	})
+	}, ic.doOpts...)
 	switch outcome {
 	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
 		return out, herr
