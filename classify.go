@@ -130,4 +130,3 @@ func jitter(d time.Duration) time.Duration {
 	spread := (secs + 4) / 5 // a fifth, rounded up: at least 1
 	return time.Duration(secs+rand.Int64N(spread+1)) * time.Second
 }
-
