@@ -226,9 +226,9 @@ func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int,
 }
 
 // refuse writes the refusal that Classify makes of outcome and err (never
-// an answered one: the handler did not run): its
-// status (the unauthenticated one as configured), type and Retry-After, with
-// a detail worded for HTTP. A refusal with a 5xx status logs err.
+// an answered one: the handler did not run): its status (the
+// unauthenticated one as configured), type and Retry-After, with a detail
+// worded for HTTP. A refusal with a 5xx status logs err.
 func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, outcome Outcome, err error) {
 	d := Classify(outcome, err, m.retry)
 	p := Problem{
