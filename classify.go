@@ -40,7 +40,9 @@ type Decision struct {
 // whose Field is "Scope" for a request without a usable caller.
 //
 //	outcome                  err                                   Slug                       Status  RetryAfter
-//	Executed, ExecutedPending, ExecutedReleased, Replayed: any      ""                         0       0
+//	Executed, Replayed,      any                                   ""                         0       0
+//	  ExecutedPending,
+//	  ExecutedReleased
 //	InProgress               ErrInProgress                         ProblemInProgress          409     hints.InProgress
 //	InProgress               ErrPending                            ProblemPending             409     hints.Pending
 //	KeyReused                ErrKeyReused                          ProblemKeyReused           422     0
