@@ -27,9 +27,9 @@ type Decision struct {
 	// RetryAfter is how long the client should wait before it sends the
 	// request again with the same key: the refusal's RetryHints value with
 	// its jitter, in whole seconds, for ProblemInProgress, ProblemPending and
-	// ProblemServiceUnavailable. It is 0 for the other refusals, which no
-	// retry with the same key can change, after an answer, and when the hint
-	// is negative.
+	// ProblemServiceUnavailable. It is 0 for the other refusals, which
+	// sending the same request again cannot change, after an answer, and
+	// when the hint is negative.
 	RetryAfter time.Duration
 }
 
