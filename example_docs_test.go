@@ -7,7 +7,6 @@ package idem_test
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -180,28 +179,37 @@ type docsMessage struct {
 	status            int // what the fake payment answers
 }
 
-// consume is a queue consumer in front of a payment: Do's outcome says what
-// happened, and what to do with the message.
+// consume is a queue consumer in front of a payment: Do's outcome and
+// idem.Classify's Decision say what happened, and what to do with the
+// message; no HTTP status is involved.
 func consume(ctx context.Context, guard *idem.Guard, msg docsMessage) string {
 	pay := func(ctx context.Context, msg docsMessage) (idem.Response, error) {
 		return idem.Response{Status: msg.status, Body: []byte("paid")}, nil
 	}
 	ack := func(resp idem.Response) string { return fmt.Sprintf("ack %d %s", resp.Status, resp.Body) }
-	retryLater := func(err error) string { return fmt.Sprintf("retry later (%v)", err) }
-	deadLetter := func(err error) string { return fmt.Sprintf("dead letter (%v)", err) }
+	redeliver := func(after time.Duration, why string) string {
+		if after > 0 { // the broker hides the message that long
+			return "redeliver later (" + why + ")"
+		}
+		return "redeliver now (" + why + ")"
+	}
+	deadLetter := func(why string) string { return "dead letter (" + why + ")" }
 
 	req := idem.Request{Scope: msg.Tenant, Key: msg.ID, Fingerprint: idem.HashParts([]byte(msg.Topic), msg.Body)}
 	resp, outcome, err := guard.Do(ctx, req, func(ctx context.Context) (idem.Response, error) {
 		return pay(ctx, msg) // runs at most once per (tenant, message id)
 	})
-	switch {
-	case outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed:
-		return ack(resp) // this execution's answer, or the stored answer of the first
-	case outcome == idem.OutcomeKeyReused || errors.Is(err, idem.ErrInvalidRequest):
-		return deadLetter(err) // a bug of the sender: trying again cannot help
+	d := idem.Classify(outcome, err, idem.RetryHints{Pending: 5 * time.Minute}) // the reconciler's pace
+	switch d.Slug {
+	case "": // the work ran, or the answer of the first execution is replayed
+		if outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed {
+			return ack(resp)
+		}
+		return redeliver(0, outcome.String()) // ran without a stored answer, or released
+	case idem.ProblemInProgress, idem.ProblemPending, idem.ProblemServiceUnavailable:
+		return redeliver(d.RetryAfter, d.Slug) // did not run; the same message may succeed later
 	}
-	// Pending (until reconciled), released, in progress, store unavailable, ctx ended:
-	return retryLater(err)
+	return deadLetter(d.Slug) // a reused or invalid key, no tenant: a bug of the sender
 }
 
 // Guard.Do's contract, outcome first, in a queue consumer: a redelivered
@@ -231,11 +239,11 @@ func ExampleGuard_Do_outcomes() {
 	// Output:
 	// ack 200 paid
 	// ack 200 paid
-	// dead letter (idem: idempotency key reused with a different request)
-	// retry later (<nil>)
-	// retry later (idem: request in progress)
-	// retry later (idem: request pending reconciliation)
-	// dead letter (idem: invalid request: Scope: empty)
+	// dead letter (idempotency-key-reused)
+	// redeliver now (executed_pending)
+	// redeliver later (request-in-progress)
+	// redeliver later (request-pending)
+	// dead letter (unauthenticated)
 }
 
 // The hybrid strategy: a Redis lease in front of the durable claim, with a

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -160,4 +162,50 @@ func ExampleGuard_Do() {
 	// executed_pending
 	// in_progress idem: request in progress
 	// replayed 200 paid
+}
+
+// A queue consumer acts on the Decision, with no HTTP status in sight:
+// acknowledge what was answered, dead-letter what no redelivery can change,
+// and redeliver the rest, after RetryAfter when the guard refused it.
+func ExampleClassify() {
+	hints := idem.RetryHints{Pending: 5 * time.Minute} // the reconciler's pace
+	handle := func(outcome idem.Outcome, err error) string {
+		d := idem.Classify(outcome, err, hints)
+		switch {
+		case outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed:
+			return "ack"
+		case d.Slug == "":
+			return "redeliver now" // the work ran: its answer is not stored, or it released the key
+		case d.RetryAfter > 0:
+			// broker.Nack(msg, d.RetryAfter): 1-2s in progress, 5-6m pending, 2-3s unavailable
+			return "redeliver after RetryAfter, " + d.Slug
+		}
+		return "dead letter, " + d.Slug // the sender's bug: no redelivery changes it
+	}
+	for _, r := range []struct {
+		outcome idem.Outcome
+		err     error
+	}{
+		{idem.OutcomeExecuted, nil},
+		{idem.OutcomeReplayed, nil},
+		{idem.OutcomeExecutedPending, errors.New("provider timeout")},
+		{idem.OutcomeExecutedReleased, idem.ErrRetrySafe},
+		{idem.OutcomeInProgress, idem.ErrInProgress},
+		{idem.OutcomeInProgress, idem.ErrPending},
+		{idem.OutcomeNone, fmt.Errorf("idem: claim: %w: connection refused", idem.ErrUnavailable)},
+		{idem.OutcomeKeyReused, idem.ErrKeyReused},
+		{idem.OutcomeNone, &idem.RequestError{Field: "Scope", Reason: "empty"}},
+	} {
+		fmt.Printf("%-17s %s\n", r.outcome, handle(r.outcome, r.err))
+	}
+	// Output:
+	// executed          ack
+	// replayed          ack
+	// executed_pending  redeliver now
+	// executed_released redeliver now
+	// in_progress       redeliver after RetryAfter, request-in-progress
+	// in_progress       redeliver after RetryAfter, request-pending
+	// none              redeliver after RetryAfter, service-unavailable
+	// key_reused        dead letter, idempotency-key-reused
+	// none              dead letter, unauthenticated
 }

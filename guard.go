@@ -330,8 +330,20 @@ func collect(opts []DoOption) doOptions {
 // itself. After d, or when Config.MaxWaiters requests already wait, it is
 // refused with ErrInProgress as without waiting. A key waiting for
 // reconciliation (ErrPending) is never waited for. Without a Waiter, WaitFor
-// does nothing.
+// does nothing: check the Guard with CheckOptions where it is set up.
 func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d } }
+
+// CheckOptions reports an error when opts cannot do on g what they say: a
+// WaitFor with a positive bound on a Guard without Config.Waiter, which
+// would refuse every retry of a running key at once instead of waiting.
+// Transports check their options with it when they are built (the HTTP
+// middleware's WithWait, grpcidem's WithWait); so can a queue consumer.
+func (g *Guard) CheckOptions(opts ...DoOption) error {
+	if o := collect(opts); o.wait > 0 && g.waiter == nil {
+		return fmt.Errorf("idem: waiting up to %v (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once", o.wait)
+	}
+	return nil
+}
 
 // do is one decision: the cache, then the strategy.
 func (g *Guard) do(ctx context.Context, req Request, work Work) (Response, Outcome, error) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -95,63 +94,11 @@ func WithStoredHeaders(names ...string) Option {
 	}
 }
 
-// RetryHints are the Retry-After values the middleware sends with its 409
-// and 503 problems, rounded up to whole seconds. A zero field takes its
-// default; a negative one sends no Retry-After.
-//
-// Each answer adds a random jitter of whole seconds to its hint, from 0 up to
-// a fifth of the hint (at least 1s), so that the clients refused together do
-// not all return in the same second: a hint h is sent as a value from h to
-// h + max(1s, h/5), never below 1s.
-type RetryHints struct {
-	// InProgress: a request with the key is running now; its answer is
-	// typically a work's duration away. Defaults to 1s.
-	InProgress time.Duration
-	// Pending: the key's work ended without a known outcome and waits for
-	// reconciliation (ErrPending), typically the reconciler's MinAge plus
-	// an interval away. Defaults to 30s.
-	Pending time.Duration
-	// Unavailable: the store could not decide (503); nothing ran.
-	// Defaults to 2s.
-	Unavailable time.Duration
-}
-
-// Default Retry-After values.
-const (
-	DefaultRetryInProgress  = time.Second
-	DefaultRetryPending     = 30 * time.Second
-	DefaultRetryUnavailable = 2 * time.Second
-)
-
-// jitter returns the Retry-After to send for the hint d (RetryHints): d
-// rounded up to whole seconds, at least 1s, plus a random whole number of
-// seconds from 0 to max(1s, d/5). A hint that is not positive stays as it
-// is: no Retry-After.
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	secs := int64((d + time.Second - 1) / time.Second)
-	spread := (secs + 4) / 5 // a fifth, rounded up: at least 1
-	return time.Duration(secs+rand.Int64N(spread+1)) * time.Second
-}
-
-func (h RetryHints) withDefaults() RetryHints {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&h.InProgress, DefaultRetryInProgress)
-	def(&h.Pending, DefaultRetryPending)
-	def(&h.Unavailable, DefaultRetryUnavailable)
-	return h
-}
-
-// WithRetryHints sets the Retry-After of 409 and 503 problems. Defaults to
-// 1s while in progress, 30s while pending reconciliation, 2s when
-// unavailable. Match Pending to your reconciler's cadence.
-func WithRetryHints(h RetryHints) Option { return func(m *middleware) { m.retry = h.withDefaults() } }
+// WithRetryHints sets the Retry-After of 409 and 503 problems (see
+// Classify). Defaults to 1s while in progress, 30s while pending
+// reconciliation, 2s when unavailable. Match Pending to your reconciler's
+// cadence.
+func WithRetryHints(h RetryHints) Option { return func(m *middleware) { m.retry = h } }
 
 // FingerprintFunc computes the fingerprint of a guarded request from the
 // request and its body (read in full, at most the body limit). A retry must
@@ -171,8 +118,8 @@ func WithFingerprint(fn FingerprintFunc) Option { return func(m *middleware) { m
 
 // WithWait lets a retry that finds its key in progress wait up to d for the
 // running request's answer and replay it, instead of being refused with 409
-// (see WaitFor; the Guard needs a Config.Waiter). Keep d below the client's
-// own timeout. Defaults to 0: no waiting.
+// (see WaitFor). The Guard needs a Config.Waiter: Middleware panics without
+// one. Keep d below the client's own timeout. Defaults to 0: no waiting.
 func WithWait(d time.Duration) Option { return func(m *middleware) { m.wait = d } }
 
 // WithProblemBase sets the URI that problem type slugs are appended to.
@@ -234,6 +181,9 @@ type middleware struct {
 // Retry-After when the store is unavailable (see WithRetryHints). Internal error text goes to the Guard's logger, never to the
 // client.
 //
+// Middleware panics if scope is nil, or if WithWait asks a Guard without a
+// Config.Waiter to wait (see Guard.CheckOptions).
+//
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
 // larger than the response limit is sent as it is produced and not stored.
 // Its key stays in progress, exactly like a 5xx: retries get 409 until the key
@@ -251,7 +201,6 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 		base:    DefaultProblemBase,
 		render:  RenderProblem,
 		noScope: http.StatusUnauthorized,
-		retry:   RetryHints{}.withDefaults(),
 	}
 	WithStoredHeaders(DefaultStoredHeaders()...)(&base)
 	for _, o := range opts {
@@ -259,6 +208,9 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 	}
 	if base.wait > 0 {
 		base.doOpts = []DoOption{WaitFor(base.wait)}
+		if err := g.CheckOptions(base.doOpts...); err != nil {
+			panic(err)
+		}
 	}
 	return func(next http.Handler) http.Handler {
 		m := base
@@ -267,27 +219,50 @@ func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) h
 	}
 }
 
-func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int, slug, detail string, cause error) {
+// problem writes a refusal of the middleware's own: one that Classify does
+// not cover (a repeated Authorization header, an unreadable body).
+func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int, slug, detail string) {
+	m.render(w, r, Problem{Type: m.base + slug, Title: problemTitles[slug], Status: status, Detail: detail, Slug: slug})
+}
+
+// refuse writes the refusal that Classify makes of outcome and err (never
+// an answered one: the handler did not run): its status (the
+// unauthenticated one as configured), type and Retry-After, with a detail
+// worded for HTTP. A refusal with a 5xx status logs err.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, outcome Outcome, err error) {
+	d := Classify(outcome, err, m.retry)
 	p := Problem{
-		Type: m.base + slug, Title: problemTitles[slug], Status: status, Detail: detail,
-		Slug: slug, Err: cause,
+		Type: m.base + d.Slug, Title: problemTitles[d.Slug], Status: d.Status, Detail: httpDetails[d.Slug],
+		Slug: d.Slug, RetryAfter: d.RetryAfter, Err: err,
 	}
-	switch slug {
-	case ProblemInProgress:
-		p.RetryAfter = jitter(m.retry.InProgress)
-	case ProblemPending:
-		p.RetryAfter = jitter(m.retry.Pending)
-	case ProblemServiceUnavailable:
-		p.RetryAfter = jitter(m.retry.Unavailable)
+	switch d.Slug {
+	case ProblemUnauthenticated:
+		p.Status = m.noScope
+		if p.Status == http.StatusUnauthorized && m.challenge != "" {
+			w.Header().Set("WWW-Authenticate", m.challenge)
+		}
+	case ProblemKeyInvalid:
+		if ke := (*KeyError)(nil); errors.As(err, &ke) {
+			p.Detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
+		}
 	}
-	if status == http.StatusUnauthorized && m.challenge != "" {
-		w.Header().Set("WWW-Authenticate", m.challenge)
-	}
-	if cause != nil && status >= 500 {
+	if err != nil && p.Status >= 500 {
 		m.g.log.LogAttrs(r.Context(), slog.LevelError, "idem: request refused",
-			slog.Int("status", status), slog.String("problem", slug), slog.Any("error", cause))
+			slog.Int("status", p.Status), slog.String("problem", d.Slug), slog.Any("error", err))
 	}
 	m.render(w, r, p)
+}
+
+// httpDetails are the details of the refusals Classify makes, worded for a
+// client of the middleware.
+var httpDetails = map[string]string{
+	ProblemKeyMissing:         "Send an Idempotency-Key header with a unique value (e.g. a UUID) per intent.",
+	ProblemKeyInvalid:         "The Idempotency-Key header is invalid.",
+	ProblemKeyReused:          "This Idempotency-Key was used with a different request. Use a new key for a new intent.",
+	ProblemInProgress:         "A request with this Idempotency-Key is being processed. Retry shortly with the same key.",
+	ProblemPending:            "The outcome of the request with this Idempotency-Key is not known yet; it is being reconciled. Retry later with the same key.",
+	ProblemUnauthenticated:    "This request needs an authenticated caller.",
+	ProblemServiceUnavailable: "The request was not processed. Retry later with the same Idempotency-Key.",
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -301,39 +276,30 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(r.Header.Values("Authorization")) > 1 {
-		m.problem(w, r, http.StatusBadRequest, ProblemAuthorizationRepeated,
-			"Send exactly one Authorization header.", nil)
+		m.problem(w, r, http.StatusBadRequest, ProblemAuthorizationRepeated, "Send exactly one Authorization header.")
 		return
 	}
 	scope, ok := m.scope(r)
 	if !ok || scope == "" {
-		m.problem(w, r, m.noScope, ProblemUnauthenticated, "This request needs an authenticated caller.", nil)
+		m.refuse(w, r, OutcomeNone, &RequestError{Field: "Scope", Reason: "no authenticated caller"})
 		return
 	}
 	key, err := ParseKey(values)
 	if err != nil {
 		if errors.Is(err, ErrKeyMissing) {
 			m.g.tel.add(r.Context(), evKeyMissing)
-			m.problem(w, r, http.StatusBadRequest, ProblemKeyMissing,
-				"Send an Idempotency-Key header with a unique value (e.g. a UUID) per intent.", nil)
-			return
+		} else {
+			m.g.tel.add(r.Context(), evKeyInvalid)
 		}
-		m.g.tel.add(r.Context(), evKeyInvalid)
-		var ke *KeyError
-		detail := "The Idempotency-Key header is invalid."
-		if errors.As(err, &ke) {
-			detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
-		}
-		m.problem(w, r, http.StatusBadRequest, ProblemKeyInvalid, detail, nil)
+		m.refuse(w, r, OutcomeNone, err)
 		return
 	}
 	body, status := m.readBody(r)
 	if status != 0 {
 		if status == http.StatusRequestEntityTooLarge {
-			m.problem(w, r, status, ProblemBodyTooLarge,
-				fmt.Sprintf("The request body is larger than %d bytes.", m.maxBody), nil)
+			m.problem(w, r, status, ProblemBodyTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", m.maxBody))
 		} else {
-			m.problem(w, r, status, ProblemBodyInvalid, "The request body could not be read completely.", nil)
+			m.problem(w, r, status, ProblemBodyInvalid, "The request body could not be read completely.")
 		}
 		return
 	}
@@ -377,33 +343,15 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case OutcomeReplayed:
 		writeReplay(w, resp)
-	case OutcomeInProgress:
-		if errors.Is(err, ErrPending) {
-			m.problem(w, r, http.StatusConflict, ProblemPending,
-				"The outcome of the request with this Idempotency-Key is not known yet; it is being reconciled. Retry later with the same key.", nil)
-			return
-		}
-		m.problem(w, r, http.StatusConflict, ProblemInProgress,
-			"A request with this Idempotency-Key is being processed. Retry shortly with the same key.", nil)
-	case OutcomeKeyReused:
-		m.problem(w, r, http.StatusUnprocessableEntity, ProblemKeyReused,
-			"This Idempotency-Key was used with a different request. Use a new key for a new intent.", nil)
-	default:
+	default: // refused: the handler did not run
 		var re *RequestError
-		if errors.As(err, &re) {
-			if re.Field == "Scope" {
-				// The ScopeFunc returned an identity the guard cannot key on
-				// (too long, not UTF-8): the caller is not usable.
-				m.g.log.LogAttrs(r.Context(), slog.LevelWarn, "idem: ScopeFunc returned an unusable scope",
-					slog.String("reason", re.Reason))
-				m.problem(w, r, m.noScope, ProblemUnauthenticated, "This request needs an authenticated caller.", nil)
-				return
-			}
-			m.problem(w, r, http.StatusBadRequest, ProblemKeyInvalid, "The Idempotency-Key header is invalid.", err)
-			return
+		if errors.As(err, &re) && re.Field == "Scope" {
+			// The ScopeFunc returned an identity the guard cannot key on
+			// (too long, not UTF-8): the caller is not usable.
+			m.g.log.LogAttrs(r.Context(), slog.LevelWarn, "idem: ScopeFunc returned an unusable scope",
+				slog.String("reason", re.Reason))
 		}
-		m.problem(w, r, http.StatusServiceUnavailable, ProblemServiceUnavailable,
-			"The request was not processed. Retry later with the same Idempotency-Key.", err)
+		m.refuse(w, r, out, err)
 	}
 }
 

@@ -231,3 +231,20 @@ func TestMiddlewareWait(t *testing.T) {
 	require.Equal(t, fb, rb)
 	require.EqualValues(t, 1, h.calls.Load())
 }
+
+// WithWait on a Guard without a Waiter is a misconfiguration: no request
+// could wait, every retry would get 409 at once. Middleware fails when it is
+// built, and CheckOptions says why, for Do's callers.
+func TestWaitNeedsAWaiter(t *testing.T) {
+	const msg = "idem: waiting up to 5s (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once"
+	b := setup(t, "table")
+	require.PanicsWithError(t, msg, func() { b.guard.Middleware(bearerScope, idem.WithWait(5*time.Second)) })
+	require.EqualError(t, b.guard.CheckOptions(idem.WaitFor(5*time.Second)), msg)
+	require.NotPanics(t, func() { b.guard.Middleware(bearerScope, idem.WithWait(0)) })
+	require.NoError(t, b.guard.CheckOptions(idem.WaitFor(0)))
+	require.NoError(t, b.guard.CheckOptions())
+
+	w := setup(t, "table", withWait)
+	require.NoError(t, w.guard.CheckOptions(idem.WaitFor(5*time.Second)))
+	require.NotPanics(t, func() { w.guard.Middleware(bearerScope, idem.WithWait(5*time.Second)) })
+}

@@ -183,13 +183,13 @@ func TestParseKey(t *testing.T) {
 				require.Equal(t, tc.want, got)
 				return
 			}
-			var ke *keyError
+			var ke *idem.KeyError
 			require.ErrorAs(t, err, &ke)
-			require.Equal(t, tc.reason, ke.reason)
+			require.Equal(t, tc.reason, ke.Reason)
 		})
 	}
 	_, err := parseKey(nil)
-	require.ErrorIs(t, err, errKeyMissing)
+	require.ErrorIs(t, err, idem.ErrKeyMissing)
 }
 
 func TestValidMetadataKey(t *testing.T) {

@@ -40,7 +40,13 @@
 //	Request cannot be fingerprinted, stored        Internal            (none; the cause is logged)
 //	  answer cannot be decoded
 //
-// The RetryInfo delays are idem's defaults (WithRetryHints changes them).
+// The refusals are decided by idem.Classify, as the HTTP middleware's are;
+// the code follows the kind of refusal. The RetryInfo delays are the
+// idem.RetryHints defaults (WithRetryHints changes them) with the jitter of
+// the middleware's Retry-After: 1s is sent as 1 or 2s, 30s as 30 to 36s. A
+// call whose own context ended before the guard could decide gets Canceled
+// or DeadlineExceeded instead of Unavailable. With WithWait, a retry of a
+// running call waits for its answer instead of Aborted.
 //
 // Why these codes: Aborted is gRPC's code for a concurrency conflict, the
 // counterpart of the HTTP middleware's 409, and unlike Unavailable it is not

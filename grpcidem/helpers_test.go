@@ -58,10 +58,18 @@ type testDB struct {
 
 func newTestDB(t *testing.T) testDB {
 	t.Helper()
+	return newTestDBWith(t, durable.Config{})
+}
+
+// newTestDBWith is newTestDB with a store configured as cfg (its Schema is
+// the test's own).
+func newTestDBWith(t *testing.T, c durable.Config) testDB {
+	t.Helper()
 	pool := testPool(t)
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	cfg := &durable.Config{Schema: "idemgrpc_" + hex.EncodeToString(b[:])}
+	cfg := &c
+	cfg.Schema = "idemgrpc_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

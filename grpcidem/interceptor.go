@@ -60,11 +60,21 @@ func WithFingerprint(fn FingerprintFunc) Option { return func(ic *interceptor) {
 func WithMaxResponseSize(n int) Option { return func(ic *interceptor) { ic.maxResp = n } }
 
 // WithRetryHints sets the RetryInfo delay sent with codes.Aborted (in
-// progress, or pending reconciliation) and codes.Unavailable refusals. A zero
-// field takes its default; a negative one sends no RetryInfo. Defaults to
-// idem.DefaultRetryInProgress (1s), idem.DefaultRetryPending (30s) and
-// idem.DefaultRetryUnavailable (2s), as the HTTP middleware's Retry-After.
+// progress, or pending reconciliation) and codes.Unavailable refusals: the
+// RetryAfter of idem.Classify, with its jitter, as the HTTP middleware's
+// Retry-After. A zero field takes its default; a negative one sends no
+// RetryInfo. Defaults to 1s in progress, 30s pending and 2s unavailable.
 func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { ic.retry = h } }
+
+// WithWait lets a retry that finds its key in progress wait up to d for the
+// running call's answer and get it, replayed (idem.WaitFor), instead of
+// being refused with codes.Aborted (REQUEST_IN_PROGRESS); if the running
+// call's key is released meanwhile, the retry runs the handler itself. After
+// d it is refused as without waiting; a key pending reconciliation is never
+// waited for. The Guard needs a Config.Waiter: UnaryServerInterceptor panics
+// without one. Keep d below your clients' deadlines. Defaults to 0: no
+// waiting.
+func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
 
 // WithLogger sets where the interceptor logs what a client is not told (a
 // request it cannot fingerprint, a stored answer it cannot decode, an answer
@@ -82,6 +92,8 @@ type interceptor struct {
 	maxResp     int
 	retry       idem.RetryHints
 	log         *slog.Logger
+	wait        time.Duration
+	doOpts      []idem.DoOption // built once from wait
 }
 
 // UnaryServerInterceptor returns a gRPC unary server interceptor that runs
@@ -121,7 +133,7 @@ type interceptor struct {
 // header and trailer metadata the handler sets are not replayed.
 //
 // UnaryServerInterceptor panics if g or scope is nil, or if an option is
-// invalid.
+// invalid, WithWait on a Guard without a Config.Waiter included.
 func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	if g == nil || scope == nil {
 		panic("grpcidem: UnaryServerInterceptor needs a Guard and a ScopeFunc")
@@ -147,14 +159,12 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 	case ic.log == nil:
 		panic("grpcidem: WithLogger: nil logger")
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+	if ic.wait > 0 {
+		ic.doOpts = []idem.DoOption{idem.WaitFor(ic.wait)}
+		if err := g.CheckOptions(ic.doOpts...); err != nil {
+			panic(err)
 		}
 	}
-	def(&ic.retry.InProgress, idem.DefaultRetryInProgress)
-	def(&ic.retry.Pending, idem.DefaultRetryPending)
-	def(&ic.retry.Unavailable, idem.DefaultRetryUnavailable)
 	return ic.intercept
 }
 
@@ -169,22 +179,11 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	scope, ok := ic.scope(ctx)
 	if !ok || scope == "" {
-		return nil, ic.unauthenticated()
+		return nil, ic.refuse(ctx, info.FullMethod, idem.OutcomeNone, &idem.RequestError{Field: "Scope", Reason: "no authenticated caller"})
 	}
 	key, err := parseKey(values)
 	if err != nil {
-		if errors.Is(err, errKeyMissing) {
-			return nil, refusal(codes.InvalidArgument, ReasonKeyMissing,
-				"Send an "+ic.mdKey+" metadata entry with a unique value (e.g. a UUID) per intent.", 0,
-				map[string]string{"metadata_key": ic.mdKey})
-		}
-		reason := "malformed"
-		if ke := (*keyError)(nil); errors.As(err, &ke) {
-			reason = ke.reason
-		}
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid,
-			"The "+ic.mdKey+" metadata entry is invalid: "+reason+".", 0,
-			map[string]string{"metadata_key": ic.mdKey})
+		return nil, ic.refuse(ctx, info.FullMethod, idem.OutcomeNone, err)
 	}
 	fp, err := ic.fingerprint(info.FullMethod, req)
 	if err != nil {
@@ -199,7 +198,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	stored, outcome, err := ic.g.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
 		out, herr = handler(wctx, req)
 		return disposition(out, herr, ic.maxResp)
-	})
+	}, ic.doOpts...)
 	switch outcome {
 	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
 		return out, herr
@@ -220,38 +219,42 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		}
 		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true")) // fails only outside a server call
 		return resp, rpcErr
-	case idem.OutcomeInProgress:
-		if errors.Is(err, idem.ErrPending) {
-			return nil, refusal(codes.Aborted, ReasonPending,
-				"The outcome of the request with this idempotency key is not known yet; it is being reconciled. Retry later with the same key.",
-				ic.retry.Pending, nil)
-		}
-		return nil, refusal(codes.Aborted, ReasonInProgress,
-			"A request with this idempotency key is being processed. Retry shortly with the same key.", ic.retry.InProgress, nil)
-	case idem.OutcomeKeyReused:
-		return nil, refusal(codes.FailedPrecondition, ReasonKeyReused,
-			"This idempotency key was used with a different request. Use a new key for a new intent.", 0, nil)
 	}
-	// OutcomeNone: the handler did not run.
-	var re *idem.RequestError
-	switch {
-	case errors.As(err, &re) && re.Field == "Scope":
+	// Refused: the handler did not run.
+	if re := (*idem.RequestError)(nil); errors.As(err, &re) && re.Field == "Scope" {
 		// The ScopeFunc returned an identity the guard cannot key on (too
 		// long, not UTF-8): the caller is not usable.
 		ic.log.LogAttrs(ctx, slog.LevelWarn, "grpcidem: ScopeFunc returned an unusable scope", slog.String("reason", re.Reason))
-		return nil, ic.unauthenticated()
-	case re != nil:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "The "+ic.mdKey+" metadata entry is invalid.", 0,
-			map[string]string{"metadata_key": ic.mdKey})
-	case ctx.Err() != nil:
-		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
-		slog.String("method", info.FullMethod), slog.Any("error", err))
-	return nil, refusal(codes.Unavailable, ReasonUnavailable,
-		"The request was not processed. Retry later with the same idempotency key.", ic.retry.Unavailable, nil)
+	return nil, ic.refuse(ctx, info.FullMethod, outcome, err)
 }
 
-func (ic *interceptor) unauthenticated() error {
-	return refusal(codes.Unauthenticated, ReasonUnauthenticated, "This request needs an authenticated caller.", 0, nil)
+// refuse returns the status of the refusal that idem.Classify makes of
+// outcome and err (never an answered one): the code, the ErrorInfo reason
+// and the RetryInfo of its kind, with a message worded for gRPC. When the
+// call's own context has ended, the guard could not decide because of it:
+// the client gets the context's code (Canceled, DeadlineExceeded) instead
+// of Unavailable.
+func (ic *interceptor) refuse(ctx context.Context, method string, outcome idem.Outcome, err error) error {
+	d := idem.Classify(outcome, err, ic.retry)
+	r := refusals[d.Slug]
+	var meta map[string]string
+	switch d.Slug {
+	case idem.ProblemKeyMissing:
+		r.msg = "Send an " + ic.mdKey + " metadata entry with a unique value (e.g. a UUID) per intent."
+		meta = map[string]string{"metadata_key": ic.mdKey}
+	case idem.ProblemKeyInvalid:
+		r.msg = "The " + ic.mdKey + " metadata entry is invalid."
+		if ke := (*idem.KeyError)(nil); errors.As(err, &ke) {
+			r.msg = "The " + ic.mdKey + " metadata entry is invalid: " + ke.Reason + "."
+		}
+		meta = map[string]string{"metadata_key": ic.mdKey}
+	case idem.ProblemServiceUnavailable:
+		if cerr := ctx.Err(); cerr != nil {
+			return status.FromContextError(cerr).Err()
+		}
+		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
+			slog.String("method", method), slog.Any("error", err))
+	}
+	return refusal(r.code, r.reason, r.msg, d.RetryAfter, meta)
 }

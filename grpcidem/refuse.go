@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemguard/idem"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail attached to
@@ -27,6 +29,28 @@ const (
 	ReasonUnauthenticated = "UNAUTHENTICATED"         // codes.Unauthenticated
 	ReasonUnavailable     = "SERVICE_UNAVAILABLE"     // codes.Unavailable, with RetryInfo
 )
+
+// refusals are the gRPC form of each refusal idem.Classify names (its
+// Slug): the code follows the kind of refusal, not its HTTP status (see the
+// package documentation for why each one). The messages of the key's
+// refusals name the metadata entry and are written by refuse.
+var refusals = map[string]struct {
+	code        codes.Code
+	reason, msg string
+}{
+	idem.ProblemInProgress: {codes.Aborted, ReasonInProgress,
+		"A request with this idempotency key is being processed. Retry shortly with the same key."},
+	idem.ProblemPending: {codes.Aborted, ReasonPending,
+		"The outcome of the request with this idempotency key is not known yet; it is being reconciled. Retry later with the same key."},
+	idem.ProblemKeyReused: {codes.FailedPrecondition, ReasonKeyReused,
+		"This idempotency key was used with a different request. Use a new key for a new intent."},
+	idem.ProblemKeyMissing: {codes.InvalidArgument, ReasonKeyMissing, ""},
+	idem.ProblemKeyInvalid: {codes.InvalidArgument, ReasonKeyInvalid, ""},
+	idem.ProblemUnauthenticated: {codes.Unauthenticated, ReasonUnauthenticated,
+		"This request needs an authenticated caller."},
+	idem.ProblemServiceUnavailable: {codes.Unavailable, ReasonUnavailable,
+		"The request was not processed. Retry later with the same idempotency key."},
+}
 
 // refusal is the error a client gets when the handler did not run: a status
 // with an ErrorInfo detail naming the reason and, when retry is positive, a

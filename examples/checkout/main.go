@@ -53,7 +53,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -88,6 +87,9 @@ const (
 	// connectTimeout bounds each attempt to reach PostgreSQL and migrate, and
 	// the start-up check of Redis.
 	connectTimeout = 5 * time.Second
+	// pendingRetryAfter is the Retry-After hint of a key pending
+	// reconciliation: the default of idem.RetryHints.Pending.
+	pendingRetryAfter = 30 * time.Second
 )
 
 // errUsage marks an invalid command line; main exits with status 2.
@@ -197,8 +199,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.ttl <= c.reconcileAfter+c.reconcileEvery {
 		return usage("-ttl %v must be longer than -reconcile-after %v + -reconcile-every %v", c.ttl, c.reconcileAfter, c.reconcileEvery)
 	}
-	if c.ttl <= idem.DefaultRetryPending {
-		return usage("-ttl %v must be longer than the Retry-After of a pending key (%v)", c.ttl, idem.DefaultRetryPending)
+	if c.ttl <= pendingRetryAfter {
+		return usage("-ttl %v must be longer than the Retry-After of a pending key (%v)", c.ttl, pendingRetryAfter)
 	}
 	// The store's own rules (schema name) are checked without a database.
 	if err := c.storeConfig().Validate(); err != nil {
@@ -457,9 +459,9 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Status: http.StatusServiceUnavailable,
 			Detail: "The service is starting: its database is not reachable yet. Retry later with the same Idempotency-Key.",
 			Slug:   idem.ProblemServiceUnavailable,
-			// 2 or 3 s: the instances that start together are not retried
-			// in the same second.
-			RetryAfter: idem.DefaultRetryUnavailable + time.Duration(rand.IntN(2))*time.Second,
+			// 2 or 3 s, as the middleware's own 503: the instances that
+			// start together are not retried in the same second.
+			RetryAfter: idem.Classify(idem.OutcomeNone, idem.ErrUnavailable, idem.RetryHints{}).RetryAfter,
 		})
 		return
 	}
