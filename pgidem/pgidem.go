@@ -214,7 +214,21 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve ResolveFunc, cfg
 		Pending:     pendingRetry(recCfg, s.guard.MaxHold()),
 		Unavailable: idem.DefaultRetryUnavailable,
 	}
+	// A key settled as soon as it turned pending must still be there when
+	// the client told to come back returns.
+	if ret, longest := store.Retention(), longestSent(s.hints.Pending); ret <= longest {
+		return nil, fmt.Errorf("pgidem: Config.Store.Retention %v must be longer than the longest Retry-After of a pending key, %v (Config.Reconcile's MinAge - the Guard's MaxHold + Interval, plus jitter), or a settled key could expire before its client returns",
+			ret, longest)
+	}
 	return s, nil
+}
+
+// longestSent is the longest Retry-After the middleware sends for the hint
+// d: d in whole seconds plus its jitter, at most max(1s, d/5) (see
+// idem.RetryHints).
+func longestSent(d time.Duration) time.Duration {
+	secs := int64((d + time.Second - 1) / time.Second)
+	return time.Duration(secs+(secs+4)/5) * time.Second
 }
 
 // pendingRetry is how long a key that has just turned pending (its claim's

@@ -374,6 +374,10 @@ func TestNewRefusesMisconfigurations(t *testing.T) {
 			err: "pgidem: Config.Wait 1m0s must be shorter than the Guard's MaxHold 46.5s"},
 		{name: "retention a pending key could outlive", cfg: &pgidem.Config{Store: &durable.Config{Retention: 80 * time.Second}},
 			err: "pgidem: Config.Reconcile: reconcile: Config.MinAge 1m0s + Config.Interval 30s: must be shorter than the store's retention 1m20s"},
+		{name: "retention a client told to come back could outlive", cfg: &pgidem.Config{
+			Store:     &durable.Config{Retention: 650 * time.Second},
+			Reconcile: &reconcile.Config{MinAge: 10 * time.Minute, Interval: 10 * time.Second},
+		}, err: "pgidem: Config.Store.Retention 10m50s must be longer than the longest Retry-After of a pending key, 11m17s"},
 		{name: "retention a running key could outlive", cfg: &pgidem.Config{Store: &durable.Config{Retention: 40 * time.Second}},
 			err: "pgidem: Config.Guard: idem: the store's retention 40s must be longer than the Guard's MaxHold"},
 		{name: "reconciler younger than MaxHold", cfg: &pgidem.Config{Reconcile: &reconcile.Config{MinAge: 30 * time.Second}},
