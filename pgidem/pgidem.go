@@ -13,7 +13,7 @@
 // (durable.New, lock.New, idem.New, durable.NewListener, reconcile.New,
 // durable.NewSweeper, and a goroutine each for the listener, the reconciler
 // and the sweeper). Migrations stay a step of their own, run at start-up
-// before New's Service serves: durable.Migrate with the same Config.Store.
+// before the Service serves: durable.Migrate with the same Config.Store.
 //
 // The name follows grpcidem: <what it is over>idem. The root package idem
 // holds the Guard and stays free of any driver, so that a program using the
@@ -101,9 +101,6 @@ type Config struct {
 	Wait time.Duration
 }
 
-// ResolveFunc is the reconciler's: see reconcile.ResolveFunc.
-type ResolveFunc = reconcile.ResolveFunc
-
 // Service is a Guard over PostgreSQL (and Redis, for the hybrid strategy)
 // with the services that keep its keys moving: the reconciler, the expiry
 // sweeper and, with Config.Wait, the Listener. Its methods are safe for
@@ -130,7 +127,7 @@ type Service struct {
 //
 // New contacts neither PostgreSQL nor Redis. Every invalid field, and every
 // combination that would misbehave later, is an error naming the field.
-func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve ResolveFunc, cfg *Config) (*Service, error) {
+func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve reconcile.ResolveFunc, cfg *Config) (*Service, error) {
 	if pool == nil {
 		return nil, errors.New("pgidem: nil pool")
 	}
