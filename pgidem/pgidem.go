@@ -9,10 +9,9 @@
 //	go svc.Run(ctx) // on every instance: one at a time reconciles and sweeps
 //	mux.Handle("POST /orders", svc.Middleware(scope)(createOrder))
 //
-// It replaces the eight constructors and three goroutines of wiring by hand
-// (durable.New, lock.New, idem.New, durable.NewListener, reconcile.New,
-// durable.NewSweeper, and a goroutine each for the listener, the reconciler
-// and the sweeper). Migrations stay a step of their own, run at start-up
+// It replaces wiring by hand: durable.New, lock.New, idem.New,
+// durable.NewListener, reconcile.New and durable.NewSweeper, and a goroutine
+// each for the Listener, the reconciler and the sweeper. Migrations stay a step of their own, run at start-up
 // before the Service serves: durable.Migrate with the same Config.Store.
 //
 // The name follows grpcidem: <what it is over>idem. The root package idem
@@ -119,8 +118,9 @@ type Service struct {
 }
 
 // New returns a Service over pool, and over rdb (a *redis.Client,
-// *redis.ClusterClient or *redis.Ring; it must set ContextTimeoutEnabled) for
-// the hybrid strategy, or nil for the table strategy. resolve is what the
+// *redis.ClusterClient or *redis.Ring, set up as docs/configuration.md says
+// for the lock: ContextTimeoutEnabled, no client-side retries) for the hybrid
+// strategy, or nil for the table strategy. resolve is what the
 // reconciler asks about a key a 5xx or a crash left in progress; it is
 // required, since such a key answers 409 until it is settled or released. A
 // nil cfg gives every default.
@@ -247,10 +247,10 @@ func pendingRetry(c reconcile.Config, maxHold time.Duration) time.Duration {
 func (s *Service) Guard() *idem.Guard { return s.guard }
 
 // RetryHints returns the Retry-After hints of the Service's refusals: 1s in
-// progress, 2s unavailable, and for a key pending reconciliation the longest
-// it waits for the reconciler's first look at it, Config.Reconcile's MinAge −
-// the Guard's MaxHold + its Interval (43.5s with the defaults, sent as 44s
-// plus jitter). Service.Middleware sends them; pass them to other transports
+// progress, 2s unavailable, and for a key pending reconciliation about the
+// longest it waits for the reconciler's first look at it (the runs' own time
+// aside), Config.Reconcile's MinAge − the Guard's MaxHold + its Interval
+// (43.5s with the defaults, sent as 44s plus jitter). Service.Middleware sends them; pass them to other transports
 // (grpcidem.WithRetryHints).
 func (s *Service) RetryHints() idem.RetryHints { return s.hints }
 
