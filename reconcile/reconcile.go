@@ -51,6 +51,9 @@
 //	if err != nil { ... }
 //	go rec.Run(ctx)
 //
+// Package pgidem builds and runs a Reconciler, with the Guard and the rest of
+// a production setup, from its Config.Reconcile and a ResolveFunc.
+//
 // # Finding due keys
 //
 // No index lists in-progress rows, so that the answer write stays a HOT
