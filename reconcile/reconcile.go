@@ -250,9 +250,9 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// OnResult, when set, is called after every run that obtained the lease
 	// (and every run that failed before it could), with the counts, the
-	// duration and the run's error; for metrics. It is not called for
-	// rounds skipped because another instance held the lease. It must not
-	// block for long. Defaults to nil.
+	// duration and the run's error (MeterProvider records the same counts).
+	// It is not called for rounds skipped because another instance held the
+	// lease. It must not block for long. Defaults to nil.
 	OnResult func(res Result, took time.Duration, err error)
 }
 
