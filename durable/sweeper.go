@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/idemguard/idem/internal/periodic"
 )
 
@@ -46,6 +48,14 @@ type SweeperConfig struct {
 	// when there was nothing to do or another instance held the lease,
 	// Error when the run failed. Defaults to slog.Default().
 	Logger *slog.Logger
+	// MeterProvider, when set, receives the sweeper's metrics through the
+	// OpenTelemetry metric API, for every run that obtained the lease (and
+	// every run that failed before it could): the counter
+	// "idem.sweep.deleted" (rows), the counter "idem.sweep.runs" and the
+	// histogram "idem.sweep.duration" (seconds), both by outcome (ok, error,
+	// stopped). Give it the Guard's (idem.Config.MeterProvider). Defaults
+	// to nil: no metrics.
+	MeterProvider metric.MeterProvider
 	// OnSweep, when set, is called after every run with the number of rows
 	// it deleted (also when it failed part-way), how long it took and its
 	// error (nil on success; wrapping the context's error when the run was
@@ -67,10 +77,11 @@ type SweeperConfig struct {
 // A Sweeper is safe for concurrent use; [Sweeper.Run] may be running at most
 // once per Sweeper at a time.
 type Sweeper struct {
-	store  *Store // bound to db
-	cfg    SweeperConfig
-	leader *Leader
-	loop   periodic.Runner
+	store   *Store // bound to db
+	cfg     SweeperConfig
+	leader  *Leader
+	loop    periodic.Runner
+	metrics sweepMetrics
 }
 
 // NewSweeper returns a Sweeper of store's table that runs its statements,
@@ -120,10 +131,15 @@ func NewSweeper(store *Store, db DB, cfg *SweeperConfig) (*Sweeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("durable: NewSweeper: %w", err)
 	}
+	m, err := newSweepMetrics(c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("durable: SweeperConfig.MeterProvider: %w", err)
+	}
 	return &Sweeper{
-		store:  store.WithDB(db),
-		cfg:    c,
-		leader: leader,
+		store:   store.WithDB(db),
+		cfg:     c,
+		leader:  leader,
+		metrics: m,
 	}, nil
 }
 
@@ -203,16 +219,20 @@ func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration
 		slog.Int64("deleted", deleted),
 		slog.Duration("took", took),
 	}
+	outcome := "ok"
 	switch {
 	case err != nil && ctx.Err() != nil:
+		outcome = "stopped"
 		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
 	case err != nil:
+		outcome = "error"
 		sw.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
 	case deleted > 0:
 		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
 	default:
 		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
 	}
+	sw.metrics.record(ctx, deleted, took, outcome)
 	if sw.cfg.OnSweep != nil {
 		sw.cfg.OnSweep(deleted, took, err)
 	}

@@ -24,6 +24,11 @@
 //	}
 //
 // The PostgreSQL store runs it in durable/conformance_test.go.
+//
+// [MemStore] is an in-memory store for users' unit tests; it cannot join a
+// transaction, so a handler that stores its answer with idem.Complete is
+// tested with package idemtest/pgtest, which gives each test a PostgreSQL
+// store of its own.
 package idemtest
 
 import (

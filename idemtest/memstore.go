@@ -40,7 +40,10 @@ type MemStoreConfig struct {
 
 // MemStore is an in-memory [idem.Store] for unit tests: a Guard over it runs
 // work at most once per key without PostgreSQL. It keeps the promises of the
-// PostgreSQL store (*durable.Store), and passes [RunStoreSuite]:
+// PostgreSQL store (*durable.Store) that [RunStoreSuite] checks, and passes
+// it, but one: it cannot join a transaction (idem.Complete inside the work
+// returns idem.ErrJoinUnsupported); test that path with the PostgreSQL store
+// of package idemtest/pgtest. The promises it keeps:
 //
 //   - among any number of concurrent Claims of one key exactly one wins; the
 //     others get the live row; an expired row is taken over by the next Claim

@@ -51,6 +51,9 @@
 //	if err != nil { ... }
 //	go rec.Run(ctx)
 //
+// Package pgidem builds and runs a Reconciler, with the Guard and the rest of
+// a production setup, from its Config.Reconcile and a ResolveFunc.
+//
 // # Finding due keys
 //
 // No index lists in-progress rows, so that the answer write stays a HOT
@@ -80,6 +83,8 @@ import (
 	"net/http"
 	"runtime/debug"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
@@ -233,11 +238,21 @@ type Config struct {
 	// short hash, key_hash, the same as the Guard's) and one per run that
 	// did something. Defaults to slog.Default().
 	Logger *slog.Logger
+	// MeterProvider, when set, receives the reconciler's metrics through
+	// the OpenTelemetry metric API, for every run that obtained the lease
+	// (and every run that failed before it could): the counter
+	// "idem.reconcile.keys" by result (settled, released, unknown, skipped,
+	// error), the counter "idem.reconcile.runs" and the histogram
+	// "idem.reconcile.duration" (seconds), both by outcome (ok, error,
+	// stopped). Give it the Guard's (idem.Config.MeterProvider), which
+	// counts the keys settled and released among its events. Defaults to
+	// nil: no metrics.
+	MeterProvider metric.MeterProvider
 	// OnResult, when set, is called after every run that obtained the lease
 	// (and every run that failed before it could), with the counts, the
-	// duration and the run's error; for metrics. It is not called for
-	// rounds skipped because another instance held the lease. It must not
-	// block for long. Defaults to nil.
+	// duration and the run's error (MeterProvider records the same counts).
+	// It is not called for rounds skipped because another instance held the
+	// lease. It must not block for long. Defaults to nil.
 	OnResult func(res Result, took time.Duration, err error)
 }
 
@@ -274,6 +289,7 @@ type Reconciler struct {
 	leader  *durable.Leader
 	rows    rows
 	loop    periodic.Runner
+	metrics metrics
 }
 
 // New returns a Reconciler that settles and releases keys through guard,
@@ -347,6 +363,10 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	m, err := newMetrics(c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: Config.MeterProvider: %w", err)
+	}
 	return &Reconciler{
 		guard:   guard,
 		store:   store,
@@ -355,6 +375,7 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		cfg:     c,
 		leader:  leader,
 		rows:    newRows(store),
+		metrics: m,
 	}, nil
 }
 
@@ -651,16 +672,20 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 		slog.Int("unknown", res.Unknown), slog.Int("skipped", res.Skipped),
 		slog.Int("errors", res.Errors), slog.Duration("took", took),
 	}
+	outcome := "ok"
 	switch {
 	case err != nil && ctx.Err() != nil:
+		outcome = "stopped"
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
 	case err != nil:
+		outcome = "error"
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
 	case res != (Result{}):
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
 	default:
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
 	}
+	r.metrics.record(ctx, res, took, outcome)
 	if r.cfg.OnResult != nil {
 		r.cfg.OnResult(res, took, err)
 	}

@@ -69,7 +69,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
-	"github.com/idemguard/idem/lock"
+	"github.com/idemguard/idem/pgidem"
 	"github.com/idemguard/idem/reconcile"
 )
 
@@ -87,9 +87,6 @@ const (
 	// connectTimeout bounds each attempt to reach PostgreSQL and migrate, and
 	// the start-up check of Redis.
 	connectTimeout = 5 * time.Second
-	// pendingRetryAfter is the Retry-After hint of a key pending
-	// reconciliation: the default of idem.RetryHints.Pending.
-	pendingRetryAfter = 30 * time.Second
 )
 
 // errUsage marks an invalid command line; main exits with status 2.
@@ -199,9 +196,6 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.ttl <= c.reconcileAfter+c.reconcileEvery {
 		return usage("-ttl %v must be longer than -reconcile-after %v + -reconcile-every %v", c.ttl, c.reconcileAfter, c.reconcileEvery)
 	}
-	if c.ttl <= pendingRetryAfter {
-		return usage("-ttl %v must be longer than the Retry-After of a pending key (%v)", c.ttl, pendingRetryAfter)
-	}
 	// The store's own rules (schema name) are checked without a database.
 	if err := c.storeConfig().Validate(); err != nil {
 		return usage("-schema %q: %v", c.schema, err)
@@ -244,10 +238,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("postgres %s: %w", describeDB(cfg.pool), err)
 	}
 	defer pool.Close()
-	store, err := durable.New(pool, cfg.storeConfig())
-	if err != nil {
-		return err
-	}
 
 	// DetachWork: a client that hangs up must not cancel a charge under way
 	// and turn it into an unknown outcome; the work keeps the guard's
@@ -256,6 +246,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	gcfg := &idem.Config{Logger: log, DetachWork: true}
 	// Redis, for the hybrid strategy only.
 	redisDesc := "unused"
+	var rdb redis.UniversalClient // nil: the table strategy
 	if cfg.strategy == idem.StrategyHybrid {
 		addr := cfg.redisAddr
 		if addr == embeddedRedis {
@@ -269,7 +260,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		} else {
 			redisDesc = addr
 		}
-		rdb := redis.NewClient(&redis.Options{
+		client := redis.NewClient(&redis.Options{
 			Addr: addr,
 			// No retries inside the client: a SET NX retried after a lost
 			// reply finds its own lease and reports "not obtained" (a
@@ -283,50 +274,43 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			// honours it only with this set.
 			ContextTimeoutEnabled: true,
 		})
-		defer func() { _ = rdb.Close() }()
+		defer func() { _ = client.Close() }()
 		rctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		if err := rdb.Ping(rctx).Err(); err != nil {
+		if err := client.Ping(rctx).Err(); err != nil {
 			// Not fatal: while Redis is away, the guard falls back to the
 			// PostgreSQL claim for each request.
 			log.Warn("checkout: redis unreachable; requests fall back to the table claim until it is back",
 				"redis", addr, "error", err)
 		}
 		cancel()
-		locker, err := lock.New(rdb, nil)
-		if err != nil {
-			return err
-		}
-		gcfg.Lock = locker
-	}
-	guard, err := idem.New(store, gcfg)
-	if err != nil {
-		// A -ttl not longer than the guard's MaxHold (46.5s), say.
-		fmt.Fprintf(stderr, "checkout: %v\n", err)
-		return fmt.Errorf("%w: %w", errUsage, err)
+		rdb = client
 	}
 	c := &checkout{render: renderProblem, log: log} // orders and payrail once the database is reached
 
-	// Maintenance, on every instance; each takes a lease row of the table
+	// The guard, and the maintenance that svc.Run runs on every instance:
+	// the reconciler and the sweeper each take a lease row of the table
 	// (migration 0006), so one instance at a time does the work.
-	sweeper, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{Interval: cfg.sweepEvery, Logger: log})
-	if err != nil {
-		return err
-	}
-	reconciler, err := reconcile.New(guard, store, pool, c.resolve, &reconcile.Config{
-		Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter, Logger: log,
+	svc, err := pgidem.New(pool, rdb, c.resolve, &pgidem.Config{
+		Store:     cfg.storeConfig(),
+		Guard:     gcfg,
+		Reconcile: &reconcile.Config{Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter},
+		Sweep:     &durable.SweeperConfig{Interval: cfg.sweepEvery},
 	})
 	if err != nil {
+		// A -ttl not longer than the guard's MaxHold (46.5s), or than the
+		// longest Retry-After of a pending key, say.
 		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	guard := svc.Guard()
 
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return err
 	}
-	svc := &service{next: newHandler(guard, c), render: c.render}
+	front := &service{next: newHandler(svc, c), render: c.render}
 	srv := &http.Server{
-		Handler:           accessLog(log, svc),
+		Handler:           accessLog(log, front),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -378,9 +362,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	serve := func() {
-		svc.ready.Store(true) // publishes c.orders and c.payrail to the handlers
-		wg.Go(func() { _ = sweeper.Run(maintCtx) })
-		wg.Go(func() { _ = reconciler.Run(maintCtx) })
+		front.ready.Store(true) // publishes c.orders and c.payrail to the handlers
+		wg.Go(func() {
+			if err := svc.Run(maintCtx); err != nil {
+				log.Error("checkout: maintenance stopped", "error", err)
+			}
+		})
 	}
 	// A first attempt before listening: with the database up, the service
 	// serves as soon as it says it listens.
@@ -409,7 +396,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("checkout: started",
 		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
-		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl, "ready", svc.ready.Load())
+		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl, "ready", front.ready.Load())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -468,9 +455,10 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.next.ServeHTTP(w, r)
 }
 
-// newHandler returns the service's routes.
-func newHandler(guard *idem.Guard, c *checkout) http.Handler {
-	guarded := guard.Middleware(bearerUser,
+// newHandler returns the service's routes. The guard's middleware comes from
+// svc: its pending Retry-After is derived from the reconciler's settings.
+func newHandler(svc *pgidem.Service, c *checkout) http.Handler {
+	guarded := svc.Middleware(bearerUser,
 		idem.WithProblemBase(problemBase),
 		idem.WithProblemRenderer(c.render),
 	)
