@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemguard/idem/durable"
 )
 
 func TestAnswerCacheLRUAndExpiry(t *testing.T) {
@@ -76,20 +74,20 @@ func TestCloneResponseIsDeep(t *testing.T) {
 // answeredStore returns one answered row, read with ttl left, whose
 // created_at is on a database clock far from the host's.
 type answeredStore struct {
-	rec durable.Record
+	rec Record
 }
 
-func (s answeredStore) Claim(context.Context, durable.ClaimParams) (durable.Record, bool, error) {
+func (s answeredStore) Claim(context.Context, ClaimParams) (Record, bool, error) {
 	return s.rec, false, nil
 }
-func (s answeredStore) Get(context.Context, string, string) (durable.Record, error) {
+func (s answeredStore) Get(context.Context, string, string) (Record, error) {
 	return s.rec, nil
 }
-func (answeredStore) Complete(context.Context, string, string, durable.Token, durable.Answer) error {
+func (answeredStore) Complete(context.Context, string, string, Token, Response) error {
 	return nil
 }
-func (answeredStore) Release(context.Context, string, string, durable.Token) error { return nil }
-func (answeredStore) Retention() time.Duration                                     { return 24 * time.Hour }
+func (answeredStore) Release(context.Context, string, string, Token) error { return nil }
+func (answeredStore) Retention() time.Duration                             { return 24 * time.Hour }
 
 // A cached answer leaves the cache by the key's remaining life as the
 // database counted it, on the host's monotonic clock: a database clock two
@@ -98,9 +96,9 @@ func TestCacheCountsTheKeysLifeFromTheDatabase(t *testing.T) {
 	for _, skew := range []time.Duration{2 * time.Minute, -2 * time.Minute} {
 		t.Run(fmt.Sprint("db clock ", skew), func(t *testing.T) {
 			fp := Fingerprint{7}
-			rec := durable.Record{
+			rec := Record{
 				Scope: "u", Key: "k", Fingerprint: fp,
-				Answer: &durable.Answer{Status: 201, Header: http.Header{}, Body: []byte("x")},
+				Answer: &Response{Status: 201, Header: http.Header{}, Body: []byte("x")},
 				// One minute of the 24 h retention left, on a database clock
 				// that is skew ahead of the host's.
 				CreatedAt: time.Now().Add(skew).Add(-24*time.Hour + time.Minute),

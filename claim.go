@@ -5,8 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"time"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // claimAndRun is the table strategy, and the fence under every hybrid lease:
@@ -23,7 +21,7 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 	x := &execution{g: g, req: req, owner: newToken()}
 	t0 := time.Now()
 	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
-	rec, claimed, err := g.store.Claim(&x.claimBound, durable.ClaimParams{
+	rec, claimed, err := g.store.Claim(&x.claimBound, ClaimParams{
 		// No Intent: a new key's intent is its first owner token, which
 		// keeps the row as narrow as before (the store writes no intent
 		// then); every later attempt gets an owner token of its own and
@@ -52,7 +50,7 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 		}
 		return resp, out, err
 	}
-	x.intent, x.attempt = IntentID(rec.Intent), rec.Attempt
+	x.intent, x.attempt = rec.Intent, rec.Attempt
 	x.expires, x.claimed = t0.Add(rec.TTL), now
 	return x.run(ctx, work)
 }
@@ -73,7 +71,7 @@ const giveBackTimeout = time.Second
 // progress with no execution behind it until a reconciler finds it: the work
 // never ran, so nothing happened. When the claim did not commit there is
 // nothing of this owner's to release, and the store says so.
-func (g *Guard) giveBack(ctx context.Context, req Request, owner durable.Token) {
+func (g *Guard) giveBack(ctx context.Context, req Request, owner Token) {
 	rctx := new(bounded)
 	rctx.start(context.WithoutCancel(ctx), time.Now().Add(min(g.storeTimeout, giveBackTimeout)))
 	err := g.store.Release(rctx, req.Scope, req.Key, owner)
@@ -83,7 +81,7 @@ func (g *Guard) giveBack(ctx context.Context, req Request, owner durable.Token) 
 		g.tel.add(ctx, evReleased)
 		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: a claim whose reply was lost had committed; released it, the work did not run",
 			slog.String("key_hash", keyHash(req)))
-	case errors.Is(err, durable.ErrNotFound), errors.Is(err, durable.ErrNotOwner):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotOwner):
 		// The claim did not commit (or not yet): nothing to give back.
 	default:
 		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: could not release a claim whose reply was lost; if it committed, the key waits for reconciliation",

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // classifyCase is one result the guard (or ParseKey, or a transport without
@@ -43,7 +41,7 @@ func classifyCases() []classifyCase {
 		answered("executed", OutcomeExecuted, nil),
 		answered("executed pending, a 5xx", OutcomeExecutedPending, nil),
 		answered("executed pending, the work's error", OutcomeExecutedPending, errors.New("provider timeout")),
-		answered("executed pending, answer not storable", OutcomeExecutedPending, fmt.Errorf("idem: complete: %w", durable.ErrInvalid)),
+		answered("executed pending, answer not storable", OutcomeExecutedPending, fmt.Errorf("idem: complete: %w", ErrInvalid)),
 		answered("executed pending, answer write failed", OutcomeExecutedPending, fmt.Errorf("idem: complete: %w: %w", ErrUnavailable, cause)),
 		answered("executed released, 429", OutcomeExecutedReleased, nil),
 		answered("executed released, ErrRetrySafe", OutcomeExecutedReleased, fmt.Errorf("breaker open: %w", ErrRetrySafe)),

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/durable"
 )
 
 // ctxSeen is what a store saw of one call's context.
@@ -32,7 +31,7 @@ func seen(ctx context.Context) ctxSeen {
 	return ctxSeen{at: time.Now(), deadline: dl, err: ctx.Err()}
 }
 
-func (s *deadlineSpy) Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+func (s *deadlineSpy) Claim(ctx context.Context, p idem.ClaimParams) (idem.Record, bool, error) {
 	c := seen(ctx)
 	s.mu.Lock()
 	s.claims = append(s.claims, c)
@@ -40,7 +39,7 @@ func (s *deadlineSpy) Claim(ctx context.Context, p durable.ClaimParams) (durable
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *deadlineSpy) Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+func (s *deadlineSpy) Complete(ctx context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	c := seen(ctx)
 	s.mu.Lock()
 	s.completes = append(s.completes, c)

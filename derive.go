@@ -18,7 +18,7 @@ import (
 // derives the same ID. Give the resources the work creates such IDs (an
 // order's public id, say) and make them unique in your own tables, and
 // DownstreamKey gives the provider the same key for the same intent.
-func DeriveID(prefix, purpose string, intent IntentID) string {
+func DeriveID(prefix, purpose string, intent Token) string {
 	fp := HashParts([]byte("idem/derive/v2"), []byte(purpose), intent[:])
 	enc := base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(fp[:17])
 	return prefix + strings.ToLower(enc[:26])

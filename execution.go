@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemguard/idem/durable"
 )
 
 type executionKey struct{}
@@ -24,16 +22,16 @@ func executionFrom(ctx context.Context) *execution {
 type execution struct {
 	g         *Guard
 	req       Request
-	owner     durable.Token // the attempt's: the owner checks compare it
-	intent    IntentID      // the row's intent, kept across releases
-	attempt   int           // which attempt of the intent: 1, 2, ...
-	expires   time.Time     // when the claimed row expires in the store, on the local monotonic clock
-	claimed   time.Time     // when the claim returned (local clock): the work's deadline counts from here
-	retrySafe atomic.Bool   // MarkRetrySafe was called
+	owner     Token       // the attempt's: the owner checks compare it
+	intent    Token       // the row's intent, kept across releases
+	attempt   int         // which attempt of the intent: 1, 2, ...
+	expires   time.Time   // when the claimed row expires in the store, on the local monotonic clock
+	claimed   time.Time   // when the claim returned (local clock): the work's deadline counts from here
+	retrySafe atomic.Bool // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
 	// whether that transaction committed is checked after the work.
-	joined atomic.Pointer[durable.Answer]
+	joined atomic.Pointer[Response]
 	stored []string // middleware: the header allowlist, applied by Complete
 
 	// parent is the context the work's context derives from: an execution
@@ -144,24 +142,24 @@ func (x *execution) finish(ctx context.Context, now time.Time, resp Response, er
 		}
 		return resp, OutcomeExecutedPending, err
 	}
-	if werr := x.write(ctx, durable.Answer(resp), now); werr != nil {
+	if werr := x.write(ctx, resp, now); werr != nil {
 		x.g.tel.add(ctx, evPending)
-		if errors.Is(werr, durable.ErrInvalid) {
+		if errors.Is(werr, ErrInvalid) {
 			// The answer cannot be stored as it is (a header value that
 			// is not UTF-8): say so to the caller, not only to the log.
 			return resp, OutcomeExecutedPending, fmt.Errorf("idem: the answer cannot be stored: %w", werr)
 		}
 		return resp, OutcomeExecutedPending, nil
 	}
-	x.answered(ctx, durable.Answer(resp))
+	x.answered(ctx, resp)
 	return resp, OutcomeExecuted, nil
 }
 
 // answered counts an answer stored on the claimed row and keeps it where
 // retries look first: the local cache and, in the hybrid, the lease.
-func (x *execution) answered(ctx context.Context, a durable.Answer) {
+func (x *execution) answered(ctx context.Context, a Response) {
 	x.g.tel.add(ctx, evExecuted)
-	x.g.remember(x.req, Response(a), x.expires)
+	x.g.remember(x.req, a, x.expires)
 	if x.g.lock != nil {
 		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, a, x.expires)
 	}
@@ -172,13 +170,13 @@ func (x *execution) answered(ctx context.Context, a durable.Answer) {
 // never stored: the work's effects rolled back with it, or not, and only a
 // reconciler can tell, so the key stays in progress (or is released if the
 // work said nothing happened).
-func (x *execution) finishJoined(ctx context.Context, resp Response, err error, joined durable.Answer, d disp) (Response, Outcome, error) {
+func (x *execution) finishJoined(ctx context.Context, resp Response, err error, joined Response, d disp) (Response, Outcome, error) {
 	sctx := x.g.storeContext(ctx)
 	rec, gerr := x.g.store.Get(sctx, x.req.Scope, x.req.Key)
 	sctx.end()
 	switch {
 	case gerr == nil && rec.Owner == x.owner && rec.Answer != nil:
-		if !joined.Equal(durable.Answer(resp)) {
+		if !joined.Equal(resp) {
 			x.g.tel.add(ctx, evAnswerMismatch)
 			x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the work returned an answer other than the one it completed; retries are replayed the completed one",
 				slog.String("key_hash", keyHash(x.req)), slog.Int("completed_status", joined.Status), slog.Int("returned_status", resp.Status))
@@ -187,7 +185,7 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 		// The caller gets the answer its retries get: the stored one, even
 		// when the work returned another (say a 500 after a commit whose
 		// reply was lost).
-		return Response(*rec.Answer), OutcomeExecuted, err
+		return *rec.Answer, OutcomeExecuted, err
 	case gerr == nil && rec.Owner == x.owner:
 		// The caller's transaction rolled back.
 		if d == dispRelease {
@@ -199,7 +197,7 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 		x.g.log.LogAttrs(ctx, slog.LevelWarn, "idem: the transaction that completed the answer did not commit; the key stays in progress until it is settled",
 			slog.String("key_hash", keyHash(x.req)), slog.Int("status", resp.Status))
 		return resp, OutcomeExecutedPending, err
-	case gerr == nil || errors.Is(gerr, durable.ErrNotFound):
+	case gerr == nil || errors.Is(gerr, ErrNotFound):
 		x.takenOver(ctx, "read joined answer")
 	default:
 		// Cannot tell whether the caller's transaction committed: the key
@@ -228,7 +226,7 @@ func storeRetryPauses() (d time.Duration) {
 // same answer already written by the same owner as success. A failure leaves
 // the key in progress; it is logged here. now is the time the work returned,
 // from which the first attempt's StoreTimeout counts.
-func (x *execution) write(ctx context.Context, a durable.Answer, now time.Time) error {
+func (x *execution) write(ctx context.Context, a Response, now time.Time) error {
 	var err error
 	for i := range storeAttempts {
 		if i > 0 {
@@ -244,10 +242,10 @@ func (x *execution) write(ctx context.Context, a durable.Answer, now time.Time) 
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, durable.ErrNotOwner), errors.Is(err, durable.ErrNotFound), errors.Is(err, durable.ErrCompleted):
+		case errors.Is(err, ErrNotOwner), errors.Is(err, ErrNotFound), errors.Is(err, ErrCompleted):
 			x.takenOver(ctx, "complete")
 			return err
-		case errors.Is(err, durable.ErrInvalid):
+		case errors.Is(err, ErrInvalid):
 			x.storeFailed(ctx, "complete", err)
 			return err
 		}

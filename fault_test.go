@@ -117,7 +117,7 @@ type faultStore struct {
 
 var errProcessDied = errors.New("process died before storing the answer")
 
-func (s *faultStore) Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+func (s *faultStore) Complete(ctx context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	err := s.fail(ctx, scope, key)
 	if err == nil {
 		err = s.Store.Complete(ctx, scope, key, owner, a)
@@ -553,7 +553,7 @@ func (r *rig) finish(t *testing.T, f *figures, all []*intent, budget time.Durati
 			return
 		}
 		rec, err := r.store.Get(ctx, in.scope, in.key)
-		if errors.Is(err, durable.ErrNotFound) {
+		if errors.Is(err, idem.ErrNotFound) {
 			return // released or never claimed: the next retry runs
 		}
 		if err != nil {

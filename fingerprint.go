@@ -6,13 +6,11 @@ import (
 	"hash"
 	"io"
 	"sync"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // Fingerprint is the SHA-256 digest that tells a retry (same key, same
 // fingerprint) from a client bug (same key, different fingerprint).
-type Fingerprint = durable.Fingerprint
+type Fingerprint [32]byte
 
 // fingerprintDomain separates idem's digests from any other SHA-256 use and
 // versions the encoding.

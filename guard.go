@@ -37,25 +37,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/idemguard/idem/durable"
 )
-
-// Store is what the Guard needs from the durable store. *durable.Store
-// implements it; see that package for each call's promise. A store used by a
-// Guard must give every claim its own row: Claim decides who runs, and
-// Complete and Release act only on the row of the owner that claimed it.
-type Store interface {
-	Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error)
-	Get(ctx context.Context, scope, key string) (durable.Record, error)
-	Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error
-	Release(ctx context.Context, scope, key string, owner durable.Token) error
-	// Retention is how long a key lives after its answer (or release); a
-	// key in progress never expires. The Guard refuses a retention not
-	// longer than its MaxHold, and never caches an answer past its key's
-	// expiry.
-	Retention() time.Duration
-}
 
 // Locker is the lease service of the hybrid strategy. *lock.Locker (package
 // lock, over Redis) implements it; taking it as an interface keeps Redis out
@@ -275,7 +257,7 @@ func (g *Guard) Strategy() Strategy {
 //   - OutcomeExecutedPending: the work ran and its answer is not stored (a
 //     5xx, an error, an answer that could not be written): the key stays in
 //     progress until it is settled. err is the work's own error, if any, or
-//     one wrapping durable.ErrInvalid when the answer cannot be stored as
+//     one wrapping ErrInvalid when the answer cannot be stored as
 //     it is (a header value that is not valid UTF-8).
 //   - OutcomeExecutedReleased: the work ran and said nothing happened; the
 //     key was released. err is the work's own error, if any (ErrRetrySafe
@@ -400,7 +382,7 @@ func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duratio
 // decide answers a request whose key already has a row: a different
 // fingerprint first (422, whatever the row's state), then no answer yet (409),
 // else replay. read is when the statement that returned rec was sent.
-func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record, read time.Time) (Response, Outcome, error) {
+func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.Time) (Response, Outcome, error) {
 	switch {
 	case rec.Fingerprint != req.Fingerprint:
 		g.tel.add(ctx, evKeyReused)
@@ -422,13 +404,13 @@ func (g *Guard) decide(ctx context.Context, req Request, rec durable.Record, rea
 		return Response{}, OutcomeInProgress, ErrInProgress
 	}
 	g.tel.add(ctx, evReplayed)
-	resp := Response(*rec.Answer)
+	resp := *rec.Answer
 	g.remember(req, resp, read.Add(rec.TTL))
 	return resp, OutcomeReplayed, nil
 }
 
 // remember caches a finished answer of a key that expires in the store at
-// expires, on the local monotonic clock (see durable.Record.TTL), so that it
+// expires, on the local monotonic clock (see Record.TTL), so that it
 // leaves the cache before the key does.
 func (g *Guard) remember(req Request, resp Response, expires time.Time) {
 	if g.cache == nil {
@@ -441,7 +423,7 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 	if cerr := ctx.Err(); cerr != nil {
 		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(cerr, err))
 	}
-	if errors.Is(err, durable.ErrInvalid) {
+	if errors.Is(err, ErrInvalid) {
 		// Do validates every field first, so this is a store with stricter
 		// rules than the guard's.
 		return Response{}, OutcomeNone, &RequestError{Field: "Request", Reason: "refused by the store: " + err.Error()}
@@ -490,15 +472,15 @@ func (g *Guard) MaxHold() time.Duration {
 // on the attempt whose owner token is owner (the row's Owner, as the store's
 // Get returns it; a reconciler passes the one it listed): a key released and
 // claimed again meanwhile is another attempt, and Settle then returns
-// durable.ErrNotOwner and changes nothing. It returns durable.ErrNotFound
-// when no live row exists (or it was released) and durable.ErrCompleted when
+// ErrNotOwner and changes nothing. It returns ErrNotFound
+// when no live row exists (or it was released) and ErrCompleted when
 // the key already has another answer; settling the same answer twice is not
 // an error. resp must be storable (100-499 but 429).
-func (g *Guard) Settle(ctx context.Context, scope, key string, owner durable.Token, resp Response) error {
+func (g *Guard) Settle(ctx context.Context, scope, key string, owner Token, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
-	if err := g.store.Complete(ctx, scope, key, owner, durable.Answer(resp)); err != nil {
+	if err := g.store.Complete(ctx, scope, key, owner, resp); err != nil {
 		return fmt.Errorf("idem: settle: %w", err)
 	}
 	if g.lock != nil {
@@ -512,14 +494,14 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner durable.Tok
 
 // Release releases a key left in progress, declaring that its attempt had no
 // effect: the next retry runs the work, as the next attempt of the same
-// intent (the same IntentID, so the same DeriveID names and DownstreamKey),
+// intent (the same Token, so the same DeriveID names and DownstreamKey),
 // and the same key with another request is still refused (ErrKeyReused).
-// Like Settle it acts only on the attempt of owner (durable.ErrNotOwner
-// otherwise), returns durable.ErrNotFound when no live row exists or it was
-// released already, and durable.ErrCompleted when the key has an answer,
+// Like Settle it acts only on the attempt of owner (ErrNotOwner
+// otherwise), returns ErrNotFound when no live row exists or it was
+// released already, and ErrCompleted when the key has an answer,
 // which is never released. In the hybrid strategy the key's lease is deleted
 // too.
-func (g *Guard) Release(ctx context.Context, scope, key string, owner durable.Token) error {
+func (g *Guard) Release(ctx context.Context, scope, key string, owner Token) error {
 	if err := g.store.Release(ctx, scope, key, owner); err != nil {
 		return fmt.Errorf("idem: release: %w", err)
 	}

@@ -113,8 +113,8 @@ func newKey() string { return "key-" + rand.Text() }
 // ownerOf returns the owner token of the key's current attempt, which
 // Settle and Release check.
 func ownerOf(t *testing.T, s interface {
-	Get(context.Context, string, string) (durable.Record, error)
-}, scope, key string) durable.Token {
+	Get(context.Context, string, string) (idem.Record, error)
+}, scope, key string) idem.Token {
 	t.Helper()
 	rec, err := s.Get(context.Background(), scope, key)
 	require.NoError(t, err)
@@ -372,8 +372,8 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out)
 		require.Equal(t, http.StatusCreated, resp.Status)
-		require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("again")), durable.ErrCompleted)
-		require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, intent), durable.ErrCompleted)
+		require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("again")), idem.ErrCompleted)
+		require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, intent), idem.ErrCompleted)
 
 		// Release: "nothing happened", the next retry runs.
 		r2 := req("u", newKey(), "pay")
@@ -386,8 +386,8 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		require.EqualValues(t, 1, ok.n.Load())
 
 		require.ErrorContains(t, b.guard.Settle(ctx, "u", newKey(), intent, idem.Response{Status: 503}), "cannot be stored")
-		require.ErrorIs(t, b.guard.Settle(ctx, "u", newKey(), intent, created("x")), durable.ErrNotFound)
-		require.ErrorIs(t, b.guard.Release(ctx, "u", newKey(), intent), durable.ErrNotFound)
+		require.ErrorIs(t, b.guard.Settle(ctx, "u", newKey(), intent, created("x")), idem.ErrNotFound)
+		require.ErrorIs(t, b.guard.Release(ctx, "u", newKey(), intent), idem.ErrNotFound)
 	})
 }
 
@@ -516,14 +516,14 @@ func TestAnswerStoredAfterCallerCancels(t *testing.T) {
 
 // An expired key (answered longer than the retention ago) is a new intent,
 // even before any sweep: it runs again
-// under a new IntentID, so what it derives (an order id, a provider key) is
+// under a new intent token, so what it derives (an order id, a provider key) is
 // new too.
 func TestExpiredKeyIsNewIntent(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
 		ctx := context.Background()
 		r := req("u", newKey(), "x")
-		var intents []idem.IntentID
+		var intents []idem.Token
 		work := func(ctx context.Context) (idem.Response, error) {
 			id, ok := idem.IntentFromContext(ctx)
 			require.True(t, ok)
@@ -546,7 +546,7 @@ func TestExpiredKeyIsNewIntent(t *testing.T) {
 
 		rec, err := b.store.Get(ctx, r.Scope, r.Key)
 		require.NoError(t, err)
-		require.Equal(t, intents[1], idem.IntentID(rec.Intent), "the row names the intent")
+		require.Equal(t, intents[1], rec.Intent, "the row names the intent")
 	})
 }
 
@@ -782,7 +782,7 @@ type faultyStore struct {
 	err error
 }
 
-func (f faultyStore) Complete(context.Context, string, string, durable.Token, durable.Answer) error {
+func (f faultyStore) Complete(context.Context, string, string, idem.Token, idem.Response) error {
 	return f.err
 }
 
@@ -849,8 +849,8 @@ func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 	_, _, _ = b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
 	intent := ownerOf(t, b.store, r.Scope, r.Key)
 
-	require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, durable.Token{9}, created("x")), durable.ErrNotOwner)
-	require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, durable.Token{9}), durable.ErrNotOwner)
+	require.ErrorIs(t, b.guard.Settle(ctx, r.Scope, r.Key, idem.Token{9}, created("x")), idem.ErrNotOwner)
+	require.ErrorIs(t, b.guard.Release(ctx, r.Scope, r.Key, idem.Token{9}), idem.ErrNotOwner)
 	require.ErrorContains(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, idem.Response{Status: 500}), "cannot be stored")
 	require.NoError(t, b.guard.Settle(ctx, r.Scope, r.Key, intent, created("owned")))
 	resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
@@ -865,7 +865,7 @@ func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecutedPending, out, "the retry is a new intent")
-	require.ErrorIs(t, b.guard.Settle(ctx, r2.Scope, r2.Key, old, created("stale")), durable.ErrNotOwner,
+	require.ErrorIs(t, b.guard.Settle(ctx, r2.Scope, r2.Key, old, created("stale")), idem.ErrNotOwner,
 		"a decision about the old intent does not touch the new one")
 	require.EqualValues(t, 1, b.guard.Stats().Settled)
 	require.EqualValues(t, 1, b.guard.Stats().Released)
@@ -878,7 +878,7 @@ type lostReplyStore struct {
 	lost sync.Map // scope\x00key -> true once a reply was lost
 }
 
-func (s *lostReplyStore) Complete(ctx context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+func (s *lostReplyStore) Complete(ctx context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	if err := s.Store.Complete(ctx, scope, key, owner, a); err != nil {
 		return err
 	}
@@ -921,13 +921,13 @@ type lostClaimReplyStore struct {
 	lost sync.Map
 }
 
-func (s *lostClaimReplyStore) Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+func (s *lostClaimReplyStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Record, bool, error) {
 	rec, ok, err := s.Store.Claim(ctx, p)
 	if err != nil {
 		return rec, ok, err
 	}
 	if _, lost := s.lost.LoadOrStore(p.Scope+"\x00"+p.Key, true); !lost {
-		return durable.Record{}, false, errors.New("read tcp: connection reset by peer")
+		return idem.Record{}, false, errors.New("read tcp: connection reset by peer")
 	}
 	return rec, ok, nil
 }
@@ -973,7 +973,7 @@ func TestUnstorableHeaderIsRefusedAtDo(t *testing.T) {
 			return idem.Response{Status: 201, Header: http.Header{"Etag": {"\"caf\xe9\""}}}, nil
 		})
 		require.Equal(t, idem.OutcomeExecutedPending, out)
-		require.ErrorIs(t, err, durable.ErrInvalid)
+		require.ErrorIs(t, err, idem.ErrInvalid)
 		require.Equal(t, 201, resp.Status)
 		rec, gerr := b.store.Get(t.Context(), r.Scope, r.Key)
 		require.NoError(t, gerr)

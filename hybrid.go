@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // doHybrid puts a Redis lease in front of the durable claim. One round trip
@@ -107,7 +105,7 @@ func (g *Guard) readDecide(ctx context.Context, req Request, work Work, refresh 
 			g.copyAnswer(ctx, req, rec.Fingerprint, *rec.Answer, t0.Add(rec.TTL))
 		}
 		return g.decide(ctx, req, rec, t0)
-	case errors.Is(err, durable.ErrNotFound):
+	case errors.Is(err, ErrNotFound):
 		return g.claimAndRun(ctx, req, work, nil)
 	}
 	return g.storeFailed(ctx, req, "read", err)
@@ -118,7 +116,7 @@ func (g *Guard) readDecide(ctx context.Context, req Request, work Work, refresh 
 // would answer them: its answer, or that it is in progress (pending when
 // pending is true) under its own fingerprint. read is when the statement
 // that returned rec was sent.
-func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, rec durable.Record, pending bool, read time.Time) {
+func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, rec Record, pending bool, read time.Time) {
 	if rec.Answer == nil {
 		kind := leaseRunning
 		if pending {
@@ -134,8 +132,8 @@ func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, 
 
 // copyAnswer puts the committed answer of a key in its lease, for at most
 // leaseAnswerTTL and never past expires, the key's expiry in the store
-// counted on the local monotonic clock (see durable.Record.TTL).
-func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a durable.Answer, expires time.Time) {
+// counted on the local monotonic clock (see Record.TTL).
+func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a Response, expires time.Time) {
 	ttl := min(time.Until(expires), leaseAnswerTTL)
 	if ttl < time.Millisecond || g.redis.down() {
 		return

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // Errors of Complete.
@@ -16,7 +14,7 @@ var (
 	// ErrNotGuarded: the context does not belong to a guarded execution.
 	ErrNotGuarded = errors.New("idem: context does not belong to a guarded execution")
 	// ErrJoinUnsupported: the Guard's store cannot write through a caller's
-	// transaction (it has no WithDB method returning a *durable.Store).
+	// transaction (it is not a [Joiner]).
 	ErrJoinUnsupported = errors.New("idem: store cannot join a transaction")
 	// ErrSuperseded: the key no longer takes this execution's answer: its
 	// claim was released, settled or taken over while the work ran (only
@@ -26,18 +24,13 @@ var (
 	ErrSuperseded = errors.New("idem: the key no longer takes this execution's answer")
 )
 
-// joiner is implemented by *durable.Store.
-type joiner interface {
-	WithDB(db durable.DB) *durable.Store
-}
-
 // Complete stores resp as the answer of the guarded execution that ctx
-// belongs to, through db: typically the pgx.Tx in which the work writes its
+// belongs to, through tx: typically the pgx.Tx in which the work writes its
 // own rows to the same PostgreSQL. The answer then commits or rolls back with
 // those rows, so a crash between "order written" and "answer stored" cannot
 // happen.
 //
-// Call it inside the work (or the guarded HTTP handler), commit db before the
+// Call it inside the work (or the guarded HTTP handler), commit tx before the
 // work returns, and deliver the same resp to the client (WriteResponse does
 // it for HTTP). In the middleware, the response header allowlist applies to
 // what is stored. After the work returns, the guard reads the key's row:
@@ -52,9 +45,11 @@ type joiner interface {
 //
 // It works in both strategies: the execution's claimed row is completed,
 // owner-checked, in the caller's transaction. resp must be a storable answer
-// (status 100-499, not 429). Errors: ErrNotGuarded, ErrJoinUnsupported,
-// ErrSuperseded, durable errors, or db's own error; on error, roll back.
-func Complete(ctx context.Context, db durable.DB, resp Response) error {
+// (status 100-499, not 429). The Guard's store must be a [Joiner] that can
+// write through tx (for *durable.Store: a durable.DB, such as a pgx.Tx).
+// Errors: ErrNotGuarded, ErrJoinUnsupported, ErrSuperseded, the store's
+// errors, or tx's own error; on error, roll back.
+func Complete(ctx context.Context, tx any, resp Response) error {
 	x := executionFrom(ctx)
 	if x == nil {
 		return ErrNotGuarded
@@ -62,16 +57,20 @@ func Complete(ctx context.Context, db durable.DB, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: complete: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
-	j, ok := x.g.store.(joiner)
+	j, ok := x.g.store.(Joiner)
 	if !ok {
 		return ErrJoinUnsupported
 	}
-	a := durable.Answer(resp)
+	joined, err := j.Join(tx)
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	a := resp
 	if x.stored != nil {
 		a.Header = captureHeaders(resp.Header, x.stored)
 	}
-	err := j.WithDB(db).Complete(ctx, x.req.Scope, x.req.Key, x.owner, a)
-	if errors.Is(err, durable.ErrNotOwner) || errors.Is(err, durable.ErrNotFound) || errors.Is(err, durable.ErrCompleted) {
+	err = joined.Complete(ctx, x.req.Scope, x.req.Key, x.owner, a)
+	if errors.Is(err, ErrNotOwner) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCompleted) {
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the key no longer takes this execution's answer",
 			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 		return fmt.Errorf("idem: complete: %w: %w", ErrSuperseded, err)

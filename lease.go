@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // The hybrid's lease holds what Redis knows about a key, so that the requests
@@ -64,7 +62,7 @@ func encodeLease(kind byte, fp Fingerprint) []byte {
 // leaseDone marker when it is larger than maxLeaseAnswer. The headers are
 // encoded as the store encodes them (JSON), so that a replay from the copy is
 // the same value as a replay from the row.
-func encodeAnswerLease(fp Fingerprint, a durable.Answer) []byte {
+func encodeAnswerLease(fp Fingerprint, a Response) []byte {
 	h := a.Header
 	if h == nil {
 		h = http.Header{}

@@ -6,15 +6,13 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // A copy decodes to the answer the row holds: the same status, headers and
 // body, with nil headers and body read back empty, as durable reads a row.
 func TestLeaseAnswerRoundTrip(t *testing.T) {
 	fp := Fingerprint{1, 2, 3}
-	for _, a := range []durable.Answer{
+	for _, a := range []Response{
 		{Status: 201, Header: http.Header{"Location": {"/orders/1"}, "Set-Cookie": {"a=1", "b=2"}}, Body: []byte(`{"id":1}`)},
 		{Status: 402},
 		{Status: 204, Header: http.Header{"x-lower": {"kept as sent"}}, Body: []byte{}},
@@ -27,10 +25,10 @@ func TestLeaseAnswerRoundTrip(t *testing.T) {
 		require.Equal(t, a.Status, st.resp.Status)
 		require.NotNil(t, st.resp.Header)
 		require.NotNil(t, st.resp.Body)
-		require.True(t, durable.Answer(st.resp).Equal(a))
+		require.True(t, st.resp.Equal(a))
 	}
 
-	big := durable.Answer{Status: 200, Body: make([]byte, maxLeaseAnswer)}
+	big := Response{Status: 200, Body: make([]byte, maxLeaseAnswer)}
 	st, ok := decodeLease(encodeAnswerLease(fp, big))
 	require.True(t, ok)
 	require.Equal(t, leaseDone, st.kind, "an answer over the cap leaves only a marker")
@@ -52,7 +50,7 @@ func TestLeaseAnswerRoundTrip(t *testing.T) {
 // anything decodeLease accepts as an answer is a storable one.
 func FuzzLeaseState(f *testing.F) {
 	fp := Fingerprint{9}
-	f.Add(encodeAnswerLease(fp, durable.Answer{Status: 201, Header: http.Header{"Location": {"/o/1"}}, Body: []byte("x")}))
+	f.Add(encodeAnswerLease(fp, Response{Status: 201, Header: http.Header{"Location": {"/o/1"}}, Body: []byte("x")}))
 	f.Add(encodeLease(leaseRunning, fp))
 	f.Add([]byte("a"))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -63,8 +61,8 @@ func FuzzLeaseState(f *testing.F) {
 		if st.resp.Status < 100 || st.resp.Status > 599 || st.resp.Header == nil || st.resp.Body == nil {
 			t.Fatalf("decoded an unusable answer: %+v", st.resp)
 		}
-		again, ok := decodeLease(encodeAnswerLease(st.fp, durable.Answer(st.resp)))
-		if len(b) <= maxLeaseAnswer && (!ok || !durable.Answer(again.resp).Equal(durable.Answer(st.resp))) {
+		again, ok := decodeLease(encodeAnswerLease(st.fp, st.resp))
+		if len(b) <= maxLeaseAnswer && (!ok || !again.resp.Equal(st.resp)) {
 			t.Fatalf("re-encoding changed the answer: %+v -> %+v", st.resp, again.resp)
 		}
 	})

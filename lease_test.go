@@ -93,7 +93,7 @@ func (r *leaseRig) rowAnswer(t *testing.T, rq idem.Request) idem.Response {
 	rec, err := r.store.Get(t.Context(), rq.Scope, rq.Key)
 	require.NoError(t, err)
 	require.NotNil(t, rec.Answer, "the row has an answer")
-	return idem.Response(*rec.Answer)
+	return *rec.Answer
 }
 
 // forget drops the key's lease, as a Redis failover or an expired copy does.
@@ -230,8 +230,8 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			r := newLeaseRig(t, strategy, nil, nil)
 			rq := req("user-1", newKey(), `{"sku":1}`)
 			// A table-strategy instance runs it: a row, no lease.
-			_, claimed, err := r.store.Claim(t.Context(), durable.ClaimParams{
-				Scope: rq.Scope, Key: rq.Key, Fingerprint: rq.Fingerprint, Owner: durable.Token{7}})
+			_, claimed, err := r.store.Claim(t.Context(), idem.ClaimParams{
+				Scope: rq.Scope, Key: rq.Key, Fingerprint: rq.Fingerprint, Owner: idem.Token{7}})
 			require.NoError(t, err)
 			require.True(t, claimed)
 

@@ -42,10 +42,10 @@ func ageKey(t *testing.T, pool *pgxpool.Pool, store *durable.Store, key, by stri
 type checkout struct {
 	charges atomic.Int32
 	mu      sync.Mutex
-	charged map[idem.IntentID]bool
+	charged map[idem.Token]bool
 }
 
-func (c *checkout) order(intent idem.IntentID) idem.Response {
+func (c *checkout) order(intent idem.Token) idem.Response {
 	return created(idem.DeriveID("ord_", "order", intent))
 }
 
@@ -57,7 +57,7 @@ func (c *checkout) work(status int) idem.Work {
 		c.charges.Add(1)
 		c.mu.Lock()
 		if c.charged == nil {
-			c.charged = map[idem.IntentID]bool{}
+			c.charged = map[idem.Token]bool{}
 		}
 		c.charged[intent] = true
 		c.mu.Unlock()
@@ -234,14 +234,14 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 
 // TestReleaseKeepsTheIntent is issue 17's item 2: a release, by the work or
 // by a reconciler, keeps the key's intent. The next attempt runs under the
-// same IntentID (so DeriveID and DownstreamKey give the same names) with the
+// same intent token (so DeriveID and DownstreamKey give the same names) with the
 // next attempt number, and the key with another request is still refused.
 func TestReleaseKeepsTheIntent(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
 		ctx := t.Context()
 		type seen struct {
-			intent  idem.IntentID
+			intent  idem.Token
 			attempt int
 		}
 		var runs []seen
@@ -386,10 +386,10 @@ type lostReply struct {
 	lose atomic.Bool
 }
 
-func (s *lostReply) Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+func (s *lostReply) Claim(ctx context.Context, p idem.ClaimParams) (idem.Record, bool, error) {
 	rec, claimed, err := s.Store.Claim(ctx, p)
 	if err == nil && s.lose.Swap(false) {
-		return durable.Record{}, false, context.DeadlineExceeded
+		return idem.Record{}, false, context.DeadlineExceeded
 	}
 	return rec, claimed, err
 }

@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // ScopeFunc returns the authenticated caller of r (for example the user id
@@ -333,7 +331,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The answer is stored (or known not to be): now the client gets
 		// it. What was stored wins over what the handler wrote.
 		var stored Response
-		if out == OutcomeExecuted && !durable.Answer(resp).Equal(durable.Answer(rec.captured())) {
+		if out == OutcomeExecuted && !resp.Equal(rec.captured()) {
 			stored = resp
 		}
 		rec.send(stored)

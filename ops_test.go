@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/durable"
 )
 
 // countingStore counts the round trips the guard makes to the store.
@@ -23,12 +22,12 @@ type countingStore struct {
 	calls atomic.Int32
 }
 
-func (c *countingStore) Claim(ctx context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+func (c *countingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Record, bool, error) {
 	c.calls.Add(1)
 	return c.Store.Claim(ctx, p)
 }
 
-func (c *countingStore) Get(ctx context.Context, scope, key string) (durable.Record, error) {
+func (c *countingStore) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	c.calls.Add(1)
 	return c.Store.Get(ctx, scope, key)
 }
@@ -277,7 +276,7 @@ func TestMiddlewareTransactionalJoin(t *testing.T) {
 }
 
 func TestDeriveID(t *testing.T) {
-	a := idem.IntentID{1, 2, 3}
+	a := idem.Token{1, 2, 3}
 	id := idem.DeriveID("ord_", "order", a)
 	require.True(t, strings.HasPrefix(id, "ord_"))
 	require.Len(t, id, len("ord_")+26)
@@ -285,8 +284,8 @@ func TestDeriveID(t *testing.T) {
 	require.Equal(t, strings.ToLower(id), id)
 	others := []string{
 		idem.DeriveID("ord_", "payment", a),
-		idem.DeriveID("ord_", "order", idem.IntentID{1, 2, 4}),
-		idem.DeriveID("ord_", "order", idem.IntentID{}),
+		idem.DeriveID("ord_", "order", idem.Token{1, 2, 4}),
+		idem.DeriveID("ord_", "order", idem.Token{}),
 	}
 	for _, o := range others {
 		require.NotEqual(t, id[4:], o[4:])

@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"encoding/base32"
 	"fmt"
 	"net/http"
 	"strings"
@@ -79,25 +78,6 @@ type Response struct {
 //     is settled or released (it never expires meanwhile).
 type Work func(ctx context.Context) (Response, error)
 
-// IntentID identifies one intent: what a client meant by sending a key. The
-// first claim of a key draws a random IntentID and stores it in the key's
-// row, so the work, every retry that finds the row, and a reconciler looking
-// at it later (reconcile.Item.Intent) all see the same one. A key released
-// because nothing happened keeps its IntentID: the next claim is another
-// attempt of the same intent (see [AttemptFromContext]). Only a key claimed
-// again after it expired is a new intent with a new IntentID.
-//
-// Name what the work creates after it (DeriveID): a retry after a release,
-// even a wrong one, then meets the same order and the provider's own
-// idempotency under the same key (DownstreamKey), not a second charge; and a
-// key reused after expiry creates a new order, not the old order's replay.
-type IntentID [16]byte
-
-// String returns the ID as 26 lowercase base32 characters.
-func (id IntentID) String() string {
-	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(id[:]))
-}
-
 // MarkRetrySafe declares, from inside the work (ctx is the work's context or
 // one derived from it), that the work did nothing a retry could repeat, for
 // example a 503 from an open circuit breaker before any charge. Whatever
@@ -125,13 +105,13 @@ func RequestFromContext(ctx context.Context) (Request, bool) {
 	return x.req, true
 }
 
-// IntentFromContext returns the IntentID of the guarded execution that ctx
-// belongs to. Handlers derive the identifiers of what they create from it
+// IntentFromContext returns the intent of the guarded execution that ctx
+// belongs to (see [Token]). Handlers derive the identifiers of what they create from it
 // with DeriveID; it is the same in every attempt of the intent.
-func IntentFromContext(ctx context.Context) (IntentID, bool) {
+func IntentFromContext(ctx context.Context) (Token, bool) {
 	x := executionFrom(ctx)
 	if x == nil {
-		return IntentID{}, false
+		return Token{}, false
 	}
 	return x.intent, true
 }

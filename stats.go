@@ -9,8 +9,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/idemguard/idem/durable"
 )
 
 // Stats counts a Guard's decisions since it was created. Every field only
@@ -171,8 +169,8 @@ func (g *Guard) Stats() Stats {
 	}
 }
 
-func newToken() durable.Token {
-	var t durable.Token
+func newToken() Token {
+	var t Token
 	_, _ = rand.Read(t[:]) // never fails (crypto/rand.Read documents so since Go 1.24)
 	return t
 }

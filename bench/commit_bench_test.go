@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/testdb"
 )
@@ -61,10 +62,10 @@ func firstExecutions(b *testing.B, conc int, claims, answers *durable.Store) {
 	b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		a := durable.Answer(answer)
+		a := answer
 		for pb.Next() {
-			p := durable.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
-				Fingerprint: durable.Fingerprint{1}, Owner: durable.Token{1}}
+			p := idem.ClaimParams{Scope: "user-42", Key: run + strconv.FormatInt(seq.Add(1), 10),
+				Fingerprint: idem.Fingerprint{1}, Owner: idem.Token{1}}
 			if _, ok, err := claims.Claim(b.Context(), p); err != nil || !ok {
 				b.Fatalf("claim: %v %v", ok, err)
 			}

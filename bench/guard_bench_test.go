@@ -234,10 +234,10 @@ func BenchmarkMiddleware(b *testing.B) {
 	body := []byte(`{"hold_ids":[88211,88212],"payment_method":"pm_card_visa"}`)
 	scope := func(*http.Request) (string, bool) { return "user-42", true }
 	fp := idem.HashRequest(http.MethodPost, "/orders", body)
-	finished := func(key string, f idem.Fingerprint, a *durable.Answer) durable.Record {
-		return durable.Record{Scope: "user-42", Key: key, Fingerprint: f, Owner: durable.Token{1}, Answer: a}
+	finished := func(key string, f idem.Fingerprint, a *idem.Response) idem.Record {
+		return idem.Record{Scope: "user-42", Key: key, Fingerprint: f, Owner: idem.Token{1}, Answer: a}
 	}
-	stored := durable.Answer(answer)
+	stored := answer
 	other := fp
 	other[0] ^= 0xff
 	null := func() idem.Store { return fixture.NewNullStore() }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -47,7 +48,7 @@ func TestAdmissionFailsFastWhenThePoolIsBusy(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer wcancel()
 	done := make(chan error, 1)
-	go func() { done <- b.store.Complete(wctx, p.Scope, p.Key, owner, durable.Answer{Status: 201}) }()
+	go func() { done <- b.store.Complete(wctx, p.Scope, p.Key, owner, idem.Response{Status: 201}) }()
 	select {
 	case err := <-done:
 		t.Fatalf("the answer write gave up before its deadline: %v", err)

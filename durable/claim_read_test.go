@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem"
 )
 
 // A claim that loses to a live row (a replay, a retry in progress, a reused
@@ -18,7 +18,7 @@ func TestLostClaimDoesNotWrite(t *testing.T) {
 	p := params(t, "u", "live", "body")
 	b.claim(t, p)
 
-	xidAfter := func(claim durable.ClaimParams) (claimed, wrote bool) {
+	xidAfter := func(claim idem.ClaimParams) (claimed, wrote bool) {
 		t.Helper()
 		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 			_, ok, err := b.store.WithDB(tx).Claim(b.ctx, claim)
@@ -37,7 +37,7 @@ func TestLostClaimDoesNotWrite(t *testing.T) {
 		return claimed, wrote
 	}
 
-	for name, c := range map[string]durable.ClaimParams{
+	for name, c := range map[string]idem.ClaimParams{
 		"in progress, same request":  {Scope: "u", Key: "live", Fingerprint: p.Fingerprint, Owner: token(t)},
 		"in progress, other request": params(t, "u", "live", "other"),
 	} {
@@ -46,8 +46,8 @@ func TestLostClaimDoesNotWrite(t *testing.T) {
 		require.False(t, wrote, "%s: a lost claim must not write", name)
 	}
 
-	require.NoError(t, b.store.Complete(b.ctx, "u", "live", p.Owner, durable.Answer{Status: 201}))
-	claimed, wrote := xidAfter(durable.ClaimParams{Scope: "u", Key: "live", Fingerprint: p.Fingerprint, Owner: token(t)})
+	require.NoError(t, b.store.Complete(b.ctx, "u", "live", p.Owner, idem.Response{Status: 201}))
+	claimed, wrote := xidAfter(idem.ClaimParams{Scope: "u", Key: "live", Fingerprint: p.Fingerprint, Owner: token(t)})
 	require.False(t, claimed)
 	require.False(t, wrote, "a replay must not write")
 

@@ -1,7 +1,9 @@
-// Package durable is idem's PostgreSQL store: one row per scope (the user)
-// and Idempotency-Key, holding the fingerprint of the first request, the token
-// of the worker that owns it and, once the request has finished, its answer
-// (status, headers, body).
+// Package durable is idem's PostgreSQL store: it implements the contract
+// that package idem defines (idem.Store, idem.Record, idem.Token and the
+// store's errors) with one row per scope (the user) and Idempotency-Key,
+// holding the fingerprint of the first request, the token of the worker that
+// owns it and, once the request has finished, its answer (status, headers,
+// body).
 //
 // # The table
 //
@@ -9,8 +11,8 @@
 // connection's current schema (see [Config] and package migrations):
 //
 //	user_id, key       text, the primary key
-//	request_hash       bytea, the 32-byte SHA-256 Fingerprint
-//	owner_token        bytea, the 16-byte owner Token of the current attempt
+//	request_hash       bytea, the 32-byte SHA-256 idem.Fingerprint
+//	owner_token        bytea, the 16-byte owner idem.Token of the current attempt
 //	intent_id          bytea, the 16-byte intent, kept across releases (0005)
 //	attempt            integer, which attempt of the intent (0005)
 //	hold_until         timestamptz, the current attempt's deadline (0005)
@@ -35,7 +37,7 @@
 // A key lives for Config.Retention (24h by default) after its answer
 // (completed_at) or its release (released_at); a row in progress never
 // expires, however old, since its outcome is unknown. An expired row is
-// invisible: [Store.Get] reports ErrNotFound, and the next [Store.Claim] of
+// invisible: [Store.Get] reports idem.ErrNotFound, and the next [Store.Claim] of
 // its key takes the row over in place (new fingerprint, new intent, new
 // owner, attempt 1, no answer, new created_at) as a new intent, whether or
 // not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
@@ -52,8 +54,8 @@
 // method, are a Claim that finds an expired or released row (one more
 // statement takes it over) or races with
 // another claimer (one more statement), the failure paths of the guarded
-// writes (one more statement to tell ErrNotFound, ErrNotOwner and
-// ErrCompleted apart), and Sweep, which repeats batches.
+// writes (one more statement to tell idem.ErrNotFound, idem.ErrNotOwner and
+// idem.ErrCompleted apart), and Sweep, which repeats batches.
 //
 // # Transactions
 //
@@ -65,8 +67,8 @@
 //
 // # Errors
 //
-// Errors wrap the package's sentinels ([ErrNotFound], [ErrNotOwner],
-// [ErrCompleted], [ErrExists], [ErrInvalid]) and keep the driver's error (a
-// *pgconn.PgError, a context error) reachable: compare with errors.Is and
-// errors.As.
+// Errors wrap the store errors of package idem ([idem.ErrNotFound],
+// [idem.ErrNotOwner], [idem.ErrCompleted], [idem.ErrExists],
+// [idem.ErrInvalid]) and keep the driver's error (a *pgconn.PgError, a
+// context error) reachable: compare with errors.Is and errors.As.
 package durable

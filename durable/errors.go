@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemguard/idem"
 )
 
 // opError is an error of one Store operation. It unwraps to its kind (one of
@@ -15,7 +17,7 @@ import (
 // context error, a *pgconn.PgError) work.
 type opError struct {
 	op   string // "claim", "migrate", ...
-	kind error  // a sentinel such as ErrInvalid, or nil
+	kind error  // a sentinel such as idem.ErrInvalid, or nil
 	err  error  // the cause
 }
 
@@ -25,7 +27,7 @@ func (e *opError) Error() string {
 	b.WriteString(e.op)
 	b.WriteString(": ")
 	if e.kind != nil {
-		b.WriteString(strings.TrimPrefix(e.kind.Error(), "durable: "))
+		b.WriteString(strings.TrimPrefix(e.kind.Error(), "idem: "))
 		if e.err == nil {
 			return b.String()
 		}
@@ -51,11 +53,11 @@ func (e *opError) Unwrap() []error {
 // translate turns an error of the driver into the package's errors. It is the
 // only place that looks at driver errors:
 //
-//   - pgx.ErrNoRows becomes ErrNotFound;
+//   - pgx.ErrNoRows becomes idem.ErrNotFound;
 //   - SQLSTATE class 22 (data exception: invalid byte sequence, unsupported
 //     Unicode escape, value out of range, ...) and 23514 (check violation)
-//     wrap ErrInvalid;
-//   - 23505 (unique violation) wraps ErrExists;
+//     wrap idem.ErrInvalid;
+//   - 23505 (unique violation) wraps idem.ErrExists;
 //   - anything else is wrapped with the operation's name.
 //
 // The cause stays reachable with errors.Is and errors.As.
@@ -64,15 +66,15 @@ func translate(op string, err error) error {
 		return nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
+		return idem.ErrNotFound
 	}
 	var kind error
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "22"), pgErr.Code == "23514":
-			kind = ErrInvalid
+			kind = idem.ErrInvalid
 		case pgErr.Code == "23505":
-			kind = ErrExists
+			kind = idem.ErrExists
 		}
 	}
 	return &opError{op: op, kind: kind, err: err}
@@ -80,7 +82,7 @@ func translate(op string, err error) error {
 
 // invalid reports a bad argument found before any round trip.
 func invalid(op, detail string) error {
-	return &opError{op: op, kind: ErrInvalid, err: errors.New(detail)}
+	return &opError{op: op, kind: idem.ErrInvalid, err: errors.New(detail)}
 }
 
 // checkText reports whether s can be stored in a text column: PostgreSQL

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -46,7 +47,7 @@ func ExampleMigrate() {
 
 	// The first request under the key claims it and runs.
 	body := []byte(`{"sku":"A1","qty":2}`)
-	first := durable.ClaimParams{
+	first := idem.ClaimParams{
 		Scope:       "user-42",
 		Key:         "7d1c0f9e-order",
 		Fingerprint: sha256.Sum256(body),
@@ -58,7 +59,7 @@ func ExampleMigrate() {
 	}
 	fmt.Println("first request claimed the key:", claimed)
 	err = store.Complete(ctx, first.Scope, first.Key, first.Owner,
-		durable.Answer{Status: 201, Body: []byte(`{"order":1}`)})
+		idem.Response{Status: 201, Body: []byte(`{"order":1}`)})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,8 +83,8 @@ func ExampleMigrate() {
 }
 
 // newToken returns a random owner token.
-func newToken() durable.Token {
-	var t durable.Token
+func newToken() idem.Token {
+	var t idem.Token
 	rand.Read(t[:])
 	return t
 }

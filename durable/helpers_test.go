@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/testdb"
 )
@@ -27,20 +28,20 @@ func setup(t *testing.T, cfg *durable.Config) *bundle {
 	return &bundle{ctx: t.Context(), store: store, pool: pool}
 }
 
-func token(t testing.TB) durable.Token {
+func token(t testing.TB) idem.Token {
 	t.Helper()
-	var tok durable.Token
+	var tok idem.Token
 	_, err := rand.Read(tok[:])
 	require.NoError(t, err)
 	return tok
 }
 
-func fingerprint(body string) durable.Fingerprint {
+func fingerprint(body string) idem.Fingerprint {
 	return sha256.Sum256([]byte(body))
 }
 
-func params(t testing.TB, scope, key, body string) durable.ClaimParams {
-	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: fingerprint(body), Owner: token(t)}
+func params(t testing.TB, scope, key, body string) idem.ClaimParams {
+	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: fingerprint(body), Owner: token(t)}
 }
 
 // age moves a row into the past, on the database clock, so that it was
@@ -68,7 +69,7 @@ func (b *bundle) count(t *testing.T) int {
 }
 
 // claim claims a fresh key and requires that it wins.
-func (b *bundle) claim(t *testing.T, p durable.ClaimParams) durable.Record {
+func (b *bundle) claim(t *testing.T, p idem.ClaimParams) idem.Record {
 	t.Helper()
 	rec, claimed, err := b.store.Claim(b.ctx, p)
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/migrations"
 )
 
@@ -26,17 +27,17 @@ func TestTranslate(t *testing.T) {
 		cause error // an error that must stay reachable
 		text  string
 	}{
-		{name: "no rows", err: pgx.ErrNoRows, kind: ErrNotFound, text: "durable: not found"},
-		{name: "invalid byte sequence", err: pgErr("22021"), kind: ErrInvalid, text: "durable: op: invalid argument: pgx wrapping: ERROR: m (SQLSTATE 22021)"},
-		{name: "unsupported unicode escape", err: pgErr("22P05"), kind: ErrInvalid},
-		{name: "numeric out of range", err: pgErr("22003"), kind: ErrInvalid},
-		{name: "check violation", err: pgErr("23514"), kind: ErrInvalid},
-		{name: "unique violation", err: pgErr("23505"), kind: ErrExists},
+		{name: "no rows", err: pgx.ErrNoRows, kind: idem.ErrNotFound, text: "idem: not found"},
+		{name: "invalid byte sequence", err: pgErr("22021"), kind: idem.ErrInvalid, text: "durable: op: invalid argument: pgx wrapping: ERROR: m (SQLSTATE 22021)"},
+		{name: "unsupported unicode escape", err: pgErr("22P05"), kind: idem.ErrInvalid},
+		{name: "numeric out of range", err: pgErr("22003"), kind: idem.ErrInvalid},
+		{name: "check violation", err: pgErr("23514"), kind: idem.ErrInvalid},
+		{name: "unique violation", err: pgErr("23505"), kind: idem.ErrExists},
 		{name: "not null violation", err: pgErr("23502")},
 		{name: "undefined table", err: pgErr("42P01"), text: "durable: op: pgx wrapping: ERROR: m (SQLSTATE 42P01)"},
 		{name: "deadline", err: fmt.Errorf("timeout: %w", context.DeadlineExceeded), cause: context.DeadlineExceeded, text: "durable: op: timeout: context deadline exceeded"},
 	}
-	sentinels := []error{ErrNotFound, ErrInvalid, ErrExists, ErrNotOwner, ErrCompleted}
+	sentinels := []error{idem.ErrNotFound, idem.ErrInvalid, idem.ErrExists, idem.ErrNotOwner, idem.ErrCompleted}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := translate("op", tt.err)

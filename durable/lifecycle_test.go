@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -28,7 +29,7 @@ func TestUnansweredRowNeverExpires(t *testing.T) {
 	require.Zero(t, n, "a row in progress is never swept")
 
 	// Settled an hour after its claim: the answer lives a full retention.
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	rec, claimed, err = b.store.Claim(b.ctx, params(t, p.Scope, p.Key, "a"))
 	require.NoError(t, err)
 	require.False(t, claimed)
@@ -55,7 +56,7 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 	require.Equal(t, p.Intent, first.Intent)
 	require.Equal(t, 1, first.Attempt)
 	require.NoError(t, b.store.Release(b.ctx, p.Scope, p.Key, p.Owner))
-	require.ErrorIs(t, b.store.Release(b.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound, "released once")
+	require.ErrorIs(t, b.store.Release(b.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotFound, "released once")
 
 	other := params(t, p.Scope, p.Key, "b")
 	rec, claimed, err := b.store.Claim(b.ctx, other)
@@ -70,9 +71,9 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 	require.Equal(t, 2, second.Attempt)
 	require.Equal(t, retry.Owner, second.Owner, "new owner")
 	require.True(t, second.InProgress())
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}), durable.ErrNotOwner,
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}), idem.ErrNotOwner,
 		"the released attempt's owner no longer completes")
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, retry.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, retry.Owner, idem.Response{Status: 201}))
 
 	// Expired: the next claim is a new intent, whatever its request.
 	b.age(t, p.Scope, p.Key, "25 hours")
@@ -103,7 +104,7 @@ func TestClaimDoesNotWaitForARowLock(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
-	require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 
 	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -74,7 +75,7 @@ func TestListenerWakesSubscribersOfTheKey(t *testing.T) {
 	defer cancelOther()
 
 	b.claim(t, p)
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	woken(t, wake, "complete")
 	quietFor(t, other, 200*time.Millisecond, "another key")
 
@@ -86,7 +87,7 @@ func TestListenerWakesSubscribersOfTheKey(t *testing.T) {
 	woken(t, wq, "release")
 
 	// A failed write announces nothing.
-	require.ErrorIs(t, b.store.Release(b.ctx, q.Scope, q.Key, q.Owner), durable.ErrNotFound)
+	require.ErrorIs(t, b.store.Release(b.ctx, q.Scope, q.Key, q.Owner), idem.ErrNotFound)
 	quietFor(t, wq, 200*time.Millisecond, "a release that deleted nothing")
 }
 
@@ -100,7 +101,7 @@ func TestListenerAnnouncesAtCommit(t *testing.T) {
 		wake, cancel := l.Subscribe(p.Scope, p.Key)
 		b.claim(t, p)
 		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+			require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 			quietFor(t, wake, 200*time.Millisecond, "before commit")
 			if !commit {
 				return context.Canceled // roll back
@@ -129,7 +130,7 @@ func TestListenerNeedsNotify(t *testing.T) {
 	wake, cancel := l.Subscribe(p.Scope, p.Key)
 	defer cancel()
 	b.claim(t, p)
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	quietFor(t, wake, 300*time.Millisecond, "a store without Notify")
 }
 
@@ -158,7 +159,7 @@ WHERE query LIKE 'LISTEN %' AND datname = current_database() AND pid <> pg_backe
 	woken(t, wake, "listening again")
 
 	b.claim(t, p)
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	woken(t, wake, "complete after the reconnect")
 
 	require.NoError(t, l.Close())

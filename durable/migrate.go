@@ -83,7 +83,7 @@ func migrate(ctx context.Context, db Beginner, cfg *Config, down bool) (err erro
 	}
 
 	// Errors are wrapped but not translated: a unique violation here is
-	// not the Store's ErrExists.
+	// not the Store's idem.ErrExists.
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return &opError{op: op, err: err}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -51,7 +52,7 @@ WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'c'`).Scan(&n))
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT reconcile_attempts, reconcile_after::text FROM idempotency_keys`).Scan(&attempts, &after))
 	require.Zero(t, attempts)
 	require.Nil(t, after)
-	require.NoError(t, store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 
 	// 0003 then 0005: fillfactor on the table, the reconciler's index and state table.
 	var opts []string

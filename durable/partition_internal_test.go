@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
 )
 
 // TestPartitionPruning: on the hash-partitioned layout, every statement on
@@ -48,7 +50,7 @@ FROM generate_series(1, 20000) AS g`)
 
 	// The claim's insert routes the row to the same partition.
 	var got string
-	p := ClaimParams{Scope: "user-7", Key: "new-key", Owner: Token{1}}
+	p := idem.ClaimParams{Scope: "user-7", Key: "new-key", Owner: idem.Token{1}}
 	_, claimed, err := s.Claim(ctx, p)
 	require.NoError(t, err)
 	require.True(t, claimed)

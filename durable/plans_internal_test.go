@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/internal/heavy"
 )
 
@@ -116,13 +117,13 @@ func TestAnswerWritesAreHOT(t *testing.T) {
 	const n = 2000
 	body := []byte(strings.Repeat("x", 300)) // an order as JSON
 	for i := range n {
-		p := ClaimParams{Scope: "user-" + strconv.Itoa(i%50), Key: "key-" + strconv.Itoa(i)}
+		p := idem.ClaimParams{Scope: "user-" + strconv.Itoa(i%50), Key: "key-" + strconv.Itoa(i)}
 		_, err := rand.Read(p.Owner[:])
 		require.NoError(t, err)
 		_, claimed, err := s.Claim(ctx, p)
 		require.NoError(t, err)
 		require.True(t, claimed)
-		require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, Answer{Status: 201,
+		require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201,
 			Header: map[string][]string{"Location": {"/orders/" + strconv.Itoa(i)}}, Body: body}))
 	}
 

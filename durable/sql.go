@@ -9,7 +9,7 @@ import (
 // order scanRecord reads them. A row claimed before migration 0005 has no
 // intent_id: its intent is its owner_token. now() is the database's clock at
 // the statement, from which the Store tells how long the row still lives
-// (Record.TTL) without comparing it with any host's clock.
+// (idem.Record.TTL) without comparing it with any host's clock.
 const columns = `user_id, key, request_hash, owner_token, response_status,
 	response_headers, response_body, created_at, completed_at,
 	coalesce(intent_id, owner_token) AS intent_id, coalesce(attempt, 1) AS attempt, hold_until, released_at, now()`

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem"
 )
 
 // claimAttempts bounds Claim's loop of a claim statement followed by a
@@ -41,6 +43,12 @@ type Store struct {
 	channel   string // the table's notification channel (Config.Notify, Listener)
 	joined    bool   // db is the caller's (WithDB): its transaction is never changed
 }
+
+// A Store is the Guard's store, and can join a caller's transaction.
+var (
+	_ idem.Store  = (*Store)(nil)
+	_ idem.Joiner = (*Store)(nil)
+)
 
 // New returns a Store that runs its statements through db. A nil cfg gives
 // the defaults. It returns an error naming the field when cfg is invalid.
@@ -84,6 +92,17 @@ func (s *Store) WithDB(db DB) *Store {
 	return &c
 }
 
+// Join is WithDB for idem.Complete, which names no driver type: tx must be a
+// DB, such as a pgx.Tx; anything else is refused with an error wrapping
+// idem.ErrJoinUnsupported.
+func (s *Store) Join(tx any) (idem.Store, error) {
+	db, ok := tx.(DB)
+	if !ok {
+		return nil, fmt.Errorf("durable: join: %T is not a durable.DB (a pgx.Tx, *pgx.Conn or *pgxpool.Pool): %w", tx, idem.ErrJoinUnsupported)
+	}
+	return s.WithDB(db), nil
+}
+
 // Retention returns how long a key lives, from its created_at.
 func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
@@ -92,39 +111,15 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // when no schema is configured.
 func (s *Store) Table() string { return s.table }
 
-// ClaimParams identifies a request that wants to run.
-type ClaimParams struct {
-	// Scope is the user the key belongs to: keys of different scopes never
-	// meet. It must not contain NUL bytes and must be valid UTF-8.
-	Scope string
-	// Key is the Idempotency-Key sent by the client, with the same rules.
-	Key string
-	// Fingerprint tells a retry from a different request under the same key.
-	Fingerprint Fingerprint
-	// Owner is the caller's fresh random token; it must not be zero.
-	Owner Token
-	// Intent is a fresh random token for the key's intent, used when the
-	// claim creates the key's row or takes over an expired one; a claim
-	// that takes over a released row keeps that row's intent. Zero (the
-	// Guard's choice): Owner is used, and stored as no intent_id at all,
-	// which keeps the row as narrow as before migration 0005 and the
-	// answer write HOT; the next attempt's owner differs all the same.
-	Intent Token
-	// Hold is how long the claimer's execution may hold the key (the
-	// Guard's MaxHold): the row's HoldUntil is the database's now() plus
-	// Hold, and no reconciler acts on the row before. It must not be
-	// negative.
-	Hold time.Duration
-}
-
-func (p *ClaimParams) check(op string) error {
+// checkClaim reports a idem.ClaimParams the table cannot take.
+func checkClaim(op string, p *idem.ClaimParams) error {
 	if err := checkText(op, "scope", p.Scope); err != nil {
 		return err
 	}
 	if err := checkText(op, "key", p.Key); err != nil {
 		return err
 	}
-	if p.Owner == (Token{}) {
+	if p.Owner == (idem.Token{}) {
 		return invalid(op, "owner token is zero")
 	}
 	if p.Hold < 0 {
@@ -163,13 +158,13 @@ func (p *ClaimParams) check(op string) error {
 // WARNING: inside a REPEATABLE READ or SERIALIZABLE transaction (see
 // [Store.WithDB]) a race with a concurrent claimer fails with PostgreSQL's
 // serialization error (SQLSTATE 40001) instead; retry the transaction.
-func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed bool, err error) {
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record, claimed bool, err error) {
 	const op = "claim"
-	if err := p.check(op); err != nil {
-		return Record{}, false, err
+	if err := checkClaim(op, &p); err != nil {
+		return idem.Record{}, false, err
 	}
 	hold := p.Hold.Microseconds()
-	if p.Intent == (Token{}) {
+	if p.Intent == (idem.Token{}) {
 		p.Intent = p.Owner
 	}
 	for range claimAttempts {
@@ -188,48 +183,48 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (rec Record, claimed b
 				return rec, true, nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) {
-				return Record{}, false, translate(op, err)
+				return idem.Record{}, false, translate(op, err)
 			}
 			// Another claimer took it over first, or the sweeper
 			// deleted it: claim again.
 			continue
 		case !errors.Is(err, pgx.ErrNoRows):
-			return Record{}, false, translate(op, err)
+			return idem.Record{}, false, translate(op, err)
 		}
 		// Another claimer committed the row after our snapshot was taken.
 		// A new statement sees it, unless it has been released since.
 		rec, err = s.get(ctx, op, p.Scope, p.Key)
-		if !errors.Is(err, ErrNotFound) {
+		if !errors.Is(err, idem.ErrNotFound) {
 			return rec, false, err
 		}
 	}
-	return Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
+	return idem.Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
 }
 
 // Get returns the live row of a key: in progress (however old) or answered.
-// It returns ErrNotFound when there is none, when the row was released (no
+// It returns idem.ErrNotFound when there is none, when the row was released (no
 // claim holds it: the next Claim takes it over) or when it has expired (even
 // if not yet swept).
-func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
+func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	return s.get(ctx, "get", scope, key)
 }
 
-func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) {
+func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, error) {
 	if err := checkKey(op, scope, key); err != nil {
-		return Record{}, err
+		return idem.Record{}, err
 	}
 	rec, err := s.scanRecord(s.admit.QueryRow(ctx, s.sql.get, scope, key, s.retention))
 	if err != nil {
-		return Record{}, translate(op, err)
+		return idem.Record{}, translate(op, err)
 	}
 	return rec, nil
 }
 
 // Complete stores the answer of the in-progress row that owner claimed and
 // sets its completed_at to now(). It is one statement when it succeeds. When
-// nothing was updated, one more statement tells why: ErrNotFound (no live
-// row), ErrNotOwner (the row belongs to another owner, finished or not) or
-// ErrCompleted (the owner's row already has another answer).
+// nothing was updated, one more statement tells why: idem.ErrNotFound (no live
+// row), idem.ErrNotOwner (the row belongs to another owner, finished or not) or
+// idem.ErrCompleted (the owner's row already has another answer).
 //
 // Unless Config.SynchronousAnswers is set, a Complete that is its own
 // transaction (not through [Store.WithDB]) returns once its commit is in
@@ -242,7 +237,7 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (Record, error) 
 // the same answer (status, headers and body), as after a Complete whose
 // commit went through but whose reply was lost, it returns nil. So a caller
 // may retry a Complete that failed for an unknown reason.
-func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a Answer) error {
+func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	const op = "complete"
 	if err := checkKey(op, scope, key); err != nil {
 		return err
@@ -269,7 +264,7 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 		return nil
 	}
 	err = s.why(ctx, op, scope, key, owner)
-	if errors.Is(err, ErrCompleted) {
+	if errors.Is(err, idem.ErrCompleted) {
 		rec, gerr := s.get(ctx, op, scope, key)
 		if gerr == nil && rec.Owner == owner && rec.Answer != nil && rec.Answer.Equal(a) {
 			return nil
@@ -283,10 +278,10 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner Token, a 
 // same fingerprint wins, as the next attempt of the same intent (Get reports
 // the key not found meanwhile); a Claim with another fingerprint still finds
 // the row and is refused. The row expires retention after its release. It is
-// one statement when it succeeds; otherwise one more tells ErrNotFound (also
-// for a row already released), ErrNotOwner and ErrCompleted apart, as for
+// one statement when it succeeds; otherwise one more tells idem.ErrNotFound (also
+// for a row already released), idem.ErrNotOwner and idem.ErrCompleted apart, as for
 // [Store.Complete].
-func (s *Store) Release(ctx context.Context, scope, key string, owner Token) error {
+func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
 		return err
@@ -311,7 +306,7 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner Token) err
 
 // why runs after an update or delete of an in-progress row matched nothing,
 // and tells the caller why.
-func (s *Store) why(ctx context.Context, op, scope, key string, owner Token) error {
+func (s *Store) why(ctx context.Context, op, scope, key string, owner idem.Token) error {
 	var (
 		got  []byte
 		done bool
@@ -319,17 +314,17 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner Token) err
 	err := s.db.QueryRow(ctx, s.sql.inspect, scope, key, s.retention).Scan(&got, &done)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return &opError{op: op, kind: ErrNotFound}
+		return &opError{op: op, kind: idem.ErrNotFound}
 	case err != nil:
 		return translate(op, err)
 	case !bytes.Equal(got, owner[:]):
-		return &opError{op: op, kind: ErrNotOwner}
+		return &opError{op: op, kind: idem.ErrNotOwner}
 	case done:
-		return &opError{op: op, kind: ErrCompleted}
+		return &opError{op: op, kind: idem.ErrCompleted}
 	default:
 		// The row was absent when the first statement ran and has been
 		// claimed since: as far as that statement could tell, not found.
-		return &opError{op: op, kind: ErrNotFound}
+		return &opError{op: op, kind: idem.ErrNotFound}
 	}
 }
 
@@ -379,7 +374,7 @@ func checkKey(op, scope, key string) error {
 
 // encodeAnswer turns a into the parameters of the answer columns: a nil
 // Header is stored as {} and a nil Body as an empty bytea.
-func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err error) {
+func encodeAnswer(op string, a idem.Response) (status int16, headers, body []byte, err error) {
 	if a.Status < 100 || a.Status > 599 {
 		return 0, nil, nil, invalid(op, fmt.Sprintf("status %d is outside 100..599", a.Status))
 	}
@@ -401,7 +396,7 @@ func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err 
 	}
 	headers, err = json.Marshal(h)
 	if err != nil {
-		return 0, nil, nil, &opError{op: op, kind: ErrInvalid, err: err}
+		return 0, nil, nil, &opError{op: op, kind: idem.ErrInvalid, err: err}
 	}
 	body = a.Body
 	if body == nil {
@@ -411,9 +406,9 @@ func encodeAnswer(op string, a Answer) (status int16, headers, body []byte, err 
 }
 
 // scanRecord reads a row selected with columns, followed by extra.
-func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
+func (s *Store) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	var (
-		rec                 Record
+		rec                 idem.Record
 		hash, owner, intent []byte
 		status              *int16
 		headers             []byte
@@ -427,7 +422,7 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
 	dest := append([]any{&rec.Scope, &rec.Key, &hash, &owner, &status,
 		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &holdUntil, &releasedAt, &dbNow}, extra...)
 	if err := row.Scan(dest...); err != nil {
-		return Record{}, err
+		return idem.Record{}, err
 	}
 	// A row lives Retention after its answer; a row in progress never
 	// expires, and its answer, written later, will live at least as long
@@ -441,7 +436,7 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
 		rec.ReleasedAt = *releasedAt
 	}
 	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) || len(intent) != len(rec.Intent) {
-		return Record{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",
+		return idem.Record{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",
 			len(hash), len(owner), len(intent))
 	}
 	copy(rec.Fingerprint[:], hash)
@@ -454,13 +449,13 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (Record, error) {
 	if status == nil {
 		return rec, nil
 	}
-	a := &Answer{Status: int(*status), Header: http.Header{}, Body: body}
+	a := &idem.Response{Status: int(*status), Header: http.Header{}, Body: body}
 	if a.Body == nil {
 		a.Body = []byte{}
 	}
 	if len(headers) > 0 {
 		if err := json.Unmarshal(headers, &a.Header); err != nil {
-			return Record{}, fmt.Errorf("response_headers: %w", err)
+			return idem.Record{}, fmt.Errorf("response_headers: %w", err)
 		}
 		if a.Header == nil { // the JSON null
 			a.Header = http.Header{}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -47,7 +48,7 @@ func TestClaim(t *testing.T) {
 		b := setup(t, nil)
 		p := params(t, "user-1", "key-1", "a")
 		b.claim(t, p)
-		answer := durable.Answer{
+		answer := idem.Response{
 			Status: http.StatusCreated,
 			Header: http.Header{
 				"Content-Type": {"application/json"},
@@ -80,7 +81,7 @@ func TestClaim(t *testing.T) {
 		b := setup(t, nil)
 		old := params(t, "user-1", "key-1", "a")
 		b.claim(t, old)
-		require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, durable.Answer{Status: 200}))
+		require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, idem.Response{Status: 200}))
 		b.age(t, "user-1", "key-1", "25 hours")
 
 		p := params(t, "user-1", "key-1", "b")
@@ -108,21 +109,21 @@ func TestClaim(t *testing.T) {
 		b := setup(t, &durable.Config{Retention: time.Minute})
 		p := params(t, "user-1", "key-1", "a")
 		b.claim(t, p)
-		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+		require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 		b.age(t, "user-1", "key-1", "61 seconds")
 		b.claim(t, params(t, "user-1", "key-1", "b"))
 	})
 
 	t.Run("refuses bad arguments", func(t *testing.T) {
 		b := setup(t, nil)
-		for name, p := range map[string]durable.ClaimParams{
+		for name, p := range map[string]idem.ClaimParams{
 			"NUL in key":    {Scope: "u", Key: "a\x00b", Owner: token(t)},
 			"NUL in scope":  {Scope: "\x00", Key: "k", Owner: token(t)},
 			"invalid UTF-8": {Scope: "u", Key: "\xff", Owner: token(t)},
 			"zero owner":    {Scope: "u", Key: "k"},
 		} {
 			_, _, err := b.store.Claim(b.ctx, p)
-			require.ErrorIs(t, err, durable.ErrInvalid, name)
+			require.ErrorIs(t, err, idem.ErrInvalid, name)
 		}
 		require.Equal(t, 0, b.count(t))
 	})
@@ -136,7 +137,7 @@ func TestClaimRace(t *testing.T) {
 	var (
 		start   = make(chan struct{})
 		wg      sync.WaitGroup
-		records [n]durable.Record
+		records [n]idem.Record
 		claimed [n]bool
 		errs    [n]error
 	)
@@ -209,19 +210,19 @@ func TestGet(t *testing.T) {
 	require.Equal(t, row(claimedRec), row(rec))
 
 	_, err = b.store.Get(b.ctx, "user-1", "other")
-	require.ErrorIs(t, err, durable.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 	_, err = b.store.Get(b.ctx, "user-2", "key-1")
-	require.ErrorIs(t, err, durable.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 
 	b.age(t, "user-1", "key-1", "25 hours")
 	rec, err = b.store.Get(b.ctx, "user-1", "key-1")
 	require.NoError(t, err, "a row in progress never expires")
 	require.Equal(t, claimedRec.Owner, rec.Owner)
 
-	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", claimedRec.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", claimedRec.Owner, idem.Response{Status: 201}))
 	b.age(t, "user-1", "key-1", "50 hours") // answered 25 hours ago
 	_, err = b.store.Get(b.ctx, "user-1", "key-1")
-	require.ErrorIs(t, err, durable.ErrNotFound, "an expired row is not found, swept or not")
+	require.ErrorIs(t, err, idem.ErrNotFound, "an expired row is not found, swept or not")
 	require.Equal(t, 1, b.count(t))
 }
 
@@ -230,7 +231,7 @@ func TestGet(t *testing.T) {
 // succeeds, while another answer, or another owner, is still refused.
 func TestCompleteRetryAfterLostReply(t *testing.T) {
 	b := setup(t, nil)
-	answer := durable.Answer{Status: 201, Header: http.Header{"Location": {"/orders/1"}, "X-Empty": {}}, Body: []byte(`{"id":1}`)}
+	answer := idem.Response{Status: 201, Header: http.Header{"Location": {"/orders/1"}, "X-Empty": {}}, Body: []byte(`{"id":1}`)}
 	p := params(t, "user-1", "key-1", "a")
 	b.claim(t, p)
 	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
@@ -241,11 +242,11 @@ func TestCompleteRetryAfterLostReply(t *testing.T) {
 
 	other := answer
 	other.Body = []byte(`{"id":2}`)
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), idem.ErrCompleted)
 	other = answer
 	other.Header = http.Header{"Location": {"/orders/2"}}
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), durable.ErrCompleted)
-	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, token(t), answer), durable.ErrNotOwner)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, other), idem.ErrCompleted)
+	require.ErrorIs(t, b.store.Complete(b.ctx, p.Scope, p.Key, token(t), answer), idem.ErrNotOwner)
 
 	rec, err := b.store.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)
@@ -283,7 +284,7 @@ func TestTakeoverLostReply(t *testing.T) {
 	b := setup(t, nil)
 	old := params(t, "user-1", "key-1", "a")
 	b.claim(t, old)
-	require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, durable.Answer{Status: 201, Body: []byte("old order")}))
+	require.NoError(t, b.store.Complete(b.ctx, old.Scope, old.Key, old.Owner, idem.Response{Status: 201, Body: []byte("old order")}))
 	b.age(t, old.Scope, old.Key, "25 hours")
 
 	lossy := b.store.WithDB(&lostTakeoverReplyDB{DB: b.pool})
@@ -302,26 +303,26 @@ func TestTakeoverLostReply(t *testing.T) {
 }
 
 func TestAnswerEqual(t *testing.T) {
-	a := durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}}, Body: []byte("x")}
+	a := idem.Response{Status: 200, Header: http.Header{"A": {"1", "2"}}, Body: []byte("x")}
 	for _, c := range []struct {
-		b    durable.Answer
+		b    idem.Response
 		want bool
 	}{
 		{a, true},
-		{durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": nil}, Body: []byte("x")}, true},
-		{durable.Answer{Status: 201, Header: a.Header, Body: a.Body}, false},
-		{durable.Answer{Status: 200, Header: http.Header{"A": {"2", "1"}}, Body: a.Body}, false},
-		{durable.Answer{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": {"3"}}, Body: a.Body}, false},
-		{durable.Answer{Status: 200, Header: a.Header}, false},
+		{idem.Response{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": nil}, Body: []byte("x")}, true},
+		{idem.Response{Status: 201, Header: a.Header, Body: a.Body}, false},
+		{idem.Response{Status: 200, Header: http.Header{"A": {"2", "1"}}, Body: a.Body}, false},
+		{idem.Response{Status: 200, Header: http.Header{"A": {"1", "2"}, "B": {"3"}}, Body: a.Body}, false},
+		{idem.Response{Status: 200, Header: a.Header}, false},
 	} {
 		require.Equal(t, c.want, a.Equal(c.b), "%v", c.b)
 		require.Equal(t, c.want, c.b.Equal(a), "symmetric: %v", c.b)
 	}
-	require.True(t, durable.Answer{Status: 204}.Equal(durable.Answer{Status: 204, Header: http.Header{}, Body: []byte{}}))
+	require.True(t, idem.Response{Status: 204}.Equal(idem.Response{Status: 204, Header: http.Header{}, Body: []byte{}}))
 }
 
 func TestComplete(t *testing.T) {
-	answer := durable.Answer{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("ok")}
+	answer := idem.Response{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("ok")}
 
 	t.Run("by the owner", func(t *testing.T) {
 		b := setup(t, nil)
@@ -338,41 +339,41 @@ func TestComplete(t *testing.T) {
 
 	tests := []struct {
 		name    string
-		prepare func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token // returns the token to complete with
+		prepare func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token // returns the token to complete with
 		want    error
 	}{
 		{
 			name: "by another owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
 				return token(t)
 			},
-			want: durable.ErrNotOwner,
+			want: idem.ErrNotOwner,
 		},
 		{
 			name: "twice",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
 				require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, answer))
 				return p.Owner
 			},
-			want: durable.ErrCompleted,
+			want: idem.ErrCompleted,
 		},
 		{
 			name: "missing",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				return p.Owner
 			},
-			want: durable.ErrNotFound,
+			want: idem.ErrNotFound,
 		},
 		{
 			name: "released",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
 				require.NoError(t, b.store.Release(b.ctx, p.Scope, p.Key, p.Owner))
 				return p.Owner
 			},
-			want: durable.ErrNotFound,
+			want: idem.ErrNotFound,
 		},
 	}
 	for _, tt := range tests {
@@ -382,7 +383,7 @@ func TestComplete(t *testing.T) {
 			owner := tt.prepare(t, b, p)
 			before, beforeErr := b.store.Get(b.ctx, p.Scope, p.Key)
 
-			err := b.store.Complete(b.ctx, p.Scope, p.Key, owner, durable.Answer{Status: 500})
+			err := b.store.Complete(b.ctx, p.Scope, p.Key, owner, idem.Response{Status: 500})
 			require.ErrorIs(t, err, tt.want)
 
 			after, afterErr := b.store.Get(b.ctx, p.Scope, p.Key)
@@ -395,8 +396,8 @@ func TestComplete(t *testing.T) {
 		b := setup(t, nil)
 		p := params(t, "user-1", "key-1", "a")
 		b.claim(t, p)
-		err := b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 42})
-		require.ErrorIs(t, err, durable.ErrInvalid)
+		err := b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 42})
+		require.ErrorIs(t, err, idem.ErrInvalid)
 	})
 
 	t.Run("NUL in a header is refused by the database", func(t *testing.T) {
@@ -404,8 +405,8 @@ func TestComplete(t *testing.T) {
 		p := params(t, "user-1", "key-1", "a")
 		b.claim(t, p)
 		err := b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner,
-			durable.Answer{Status: 200, Header: http.Header{"X-Bad": {"a\x00b"}}})
-		require.ErrorIs(t, err, durable.ErrInvalid)
+			idem.Response{Status: 200, Header: http.Header{"X-Bad": {"a\x00b"}}})
+		require.ErrorIs(t, err, idem.ErrInvalid)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "22P05", pgErr.Code)
@@ -420,39 +421,39 @@ func TestRelease(t *testing.T) {
 	tests := []struct {
 		name string
 		// prepare returns the owner to release with.
-		prepare func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token
+		prepare func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token
 		want    error // nil: released
 	}{
 		{
 			name: "by the owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
 				return p.Owner
 			},
 		},
 		{
 			name: "by another owner",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
 				return token(t)
 			},
-			want: durable.ErrNotOwner,
+			want: idem.ErrNotOwner,
 		},
 		{
 			name: "finished",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				b.claim(t, p)
-				require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+				require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 200}))
 				return p.Owner
 			},
-			want: durable.ErrCompleted,
+			want: idem.ErrCompleted,
 		},
 		{
 			name: "missing",
-			prepare: func(t *testing.T, b *bundle, p durable.ClaimParams) durable.Token {
+			prepare: func(t *testing.T, b *bundle, p idem.ClaimParams) idem.Token {
 				return p.Owner
 			},
-			want: durable.ErrNotFound,
+			want: idem.ErrNotFound,
 		},
 	}
 	for _, tt := range tests {
@@ -470,7 +471,7 @@ func TestRelease(t *testing.T) {
 			}
 			require.NoError(t, err)
 			_, err = b.store.Get(b.ctx, p.Scope, p.Key)
-			require.ErrorIs(t, err, durable.ErrNotFound, "no claim holds a released key")
+			require.ErrorIs(t, err, idem.ErrNotFound, "no claim holds a released key")
 			require.Equal(t, 1, b.count(t), "the row keeps the intent")
 			// A retry is safe: the next claim wins.
 			b.claim(t, params(t, p.Scope, p.Key, "a"))
@@ -492,7 +493,7 @@ func TestWithDB(t *testing.T) {
 			defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
 			txStore := b.store.WithDB(tx)
 			require.Equal(t, b.store.Table(), txStore.Table())
-			require.NoError(t, txStore.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+			require.NoError(t, txStore.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 
 			// Inside the transaction the row is finished; outside, not yet.
 			rec, err := txStore.Get(b.ctx, p.Scope, p.Key)
@@ -517,10 +518,10 @@ func TestWithDB(t *testing.T) {
 func TestInvalidText(t *testing.T) {
 	b := setup(t, nil)
 	owner := token(t)
-	answer := durable.Answer{Status: 200}
+	answer := idem.Response{Status: 200}
 	calls := map[string]func(scope, key string) error{
 		"claim": func(scope, key string) error {
-			_, _, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner})
+			_, _, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: scope, Key: key, Owner: owner})
 			return err
 		},
 		"get": func(scope, key string) error {
@@ -531,8 +532,8 @@ func TestInvalidText(t *testing.T) {
 		"release":  func(scope, key string) error { return b.store.Release(b.ctx, scope, key, owner) },
 	}
 	for name, call := range calls {
-		require.ErrorIs(t, call("user-1", "key\x00"), durable.ErrInvalid, name)
-		require.ErrorIs(t, call("user\x00", "key"), durable.ErrInvalid, name)
+		require.ErrorIs(t, call("user-1", "key\x00"), idem.ErrInvalid, name)
+		require.ErrorIs(t, call("user\x00", "key"), idem.ErrInvalid, name)
 	}
 }
 
@@ -557,7 +558,7 @@ VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THE
 	for _, key := range []string{"short-hash", "short-owner"} {
 		_, claimed, err := b.store.Claim(b.ctx, params(t, "user-1", key, "a"))
 		require.ErrorContains(t, err, "byte", key)
-		require.NotErrorIs(t, err, durable.ErrNotFound, key)
+		require.NotErrorIs(t, err, idem.ErrNotFound, key)
 		require.False(t, claimed, key)
 		_, err = b.store.Get(b.ctx, "user-1", key)
 		require.ErrorContains(t, err, "byte", key)
@@ -567,15 +568,15 @@ VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THE
 	// overwritten by its owner's Complete.
 	owner, err := hex.DecodeString(owner16)
 	require.NoError(t, err)
-	tok := durable.Token(owner)
+	tok := idem.Token(owner)
 	status := 402
 	insert("answered", hash32, owner16, &status, false)
 	rec, err := b.store.Get(b.ctx, "user-1", "answered")
 	require.NoError(t, err)
 	require.False(t, rec.InProgress())
 	require.Equal(t, 402, rec.Answer.Status)
-	require.ErrorIs(t, b.store.Complete(b.ctx, "user-1", "answered", tok, durable.Answer{Status: 201}), durable.ErrCompleted)
-	require.ErrorIs(t, b.store.Release(b.ctx, "user-1", "answered", tok), durable.ErrCompleted)
+	require.ErrorIs(t, b.store.Complete(b.ctx, "user-1", "answered", tok, idem.Response{Status: 201}), idem.ErrCompleted)
+	require.ErrorIs(t, b.store.Release(b.ctx, "user-1", "answered", tok), idem.ErrCompleted)
 	rec, err = b.store.Get(b.ctx, "user-1", "answered")
 	require.NoError(t, err)
 	require.Equal(t, 402, rec.Answer.Status)
@@ -586,7 +587,7 @@ VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THE
 	rec, err = b.store.Get(b.ctx, "user-1", "unanswered")
 	require.NoError(t, err)
 	require.True(t, rec.InProgress())
-	require.NoError(t, b.store.Complete(b.ctx, "user-1", "unanswered", tok, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "unanswered", tok, idem.Response{Status: 201}))
 	rec, err = b.store.Get(b.ctx, "user-1", "unanswered")
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Answer.Status)
@@ -661,7 +662,7 @@ func TestDatabaseClock(t *testing.T) {
 	require.True(t, claimed)
 	require.True(t, dbNow.Equal(rec.CreatedAt), "created_at %v, now() %v", rec.CreatedAt, dbNow)
 
-	require.NoError(t, s.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+	require.NoError(t, s.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 200}))
 	rec, err = s.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)
 	require.True(t, dbNow.Equal(rec.CompletedAt))
@@ -673,7 +674,7 @@ func TestContextErrors(t *testing.T) {
 	cancel()
 	_, _, err := b.store.Claim(ctx, params(t, "user-1", "key-1", "a"))
 	require.ErrorIs(t, err, context.Canceled)
-	require.False(t, errors.Is(err, durable.ErrNotFound))
+	require.False(t, errors.Is(err, idem.ErrNotFound))
 
 	ctx, cancel = context.WithDeadline(b.ctx, time.Now().Add(-time.Second))
 	defer cancel()
@@ -683,7 +684,7 @@ func TestContextErrors(t *testing.T) {
 
 // row is rec without its TTL, which each read measures anew: two reads of an
 // unchanged row differ only in it.
-func row(rec durable.Record) durable.Record {
+func row(rec idem.Record) idem.Record {
 	rec.TTL = 0
 	return rec
 }
@@ -705,7 +706,7 @@ func TestRecordTTL(t *testing.T) {
 	require.Equal(t, time.Hour, got.TTL)
 
 	// Answered, it lives the retention from its answer.
-	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	b.age(t, p.Scope, p.Key, "2 hours 40 minutes") // answered about 40 minutes ago
 	got, err = b.store.Get(b.ctx, p.Scope, p.Key)
 	require.NoError(t, err)

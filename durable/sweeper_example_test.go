@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -45,11 +46,11 @@ func ExampleSweeper_SweepOnce() {
 		log.Fatal(err)
 	}
 	owner := newToken()
-	if _, _, err := store.Claim(ctx, durable.ClaimParams{Scope: "user-42", Key: "k1", Owner: owner}); err != nil {
+	if _, _, err := store.Claim(ctx, idem.ClaimParams{Scope: "user-42", Key: "k1", Owner: owner}); err != nil {
 		log.Fatal(err)
 	}
 	// A key expires once answered (or released); one in progress never does.
-	if err := store.Complete(ctx, "user-42", "k1", owner, durable.Answer{Status: 201}); err != nil {
+	if err := store.Complete(ctx, "user-42", "k1", owner, idem.Response{Status: 201}); err != nil {
 		log.Fatal(err)
 	}
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/testdb"
 )
@@ -57,7 +58,7 @@ func TestSweeperDeletesOnlyExpiredRows(t *testing.T) {
 	seedAged(t, b.ctx, b.pool, b.store, "live", 10, "23 hours")
 	done := params(t, "live", "done", "a")
 	b.claim(t, done)
-	require.NoError(t, b.store.Complete(b.ctx, done.Scope, done.Key, done.Owner, durable.Answer{Status: 200}))
+	require.NoError(t, b.store.Complete(b.ctx, done.Scope, done.Key, done.Owner, idem.Response{Status: 200}))
 	b.claim(t, params(t, "live", "in-progress", "a"))
 
 	sw, reports := newSweeper(t, b, durable.SweeperConfig{BatchSize: 1000, BatchPause: -1})

@@ -299,7 +299,7 @@ func TestInternalLeavesKeyInProgressUntilSettled(t *testing.T) {
 	db := newTestDB(t)
 	g := newGuard(t, db, nil)
 	var runs atomic.Int64
-	intents := make(chan idem.IntentID, 1)
+	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
 		runs.Add(1)
 		id, _ := idem.IntentFromContext(ctx) // the handler runs in the guard's work context
@@ -510,7 +510,7 @@ func TestAnswerTooLargeIsDeliveredNotStored(t *testing.T) {
 func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 	db := newTestDB(t)
 	g := newGuard(t, db, nil)
-	intents := make(chan idem.IntentID, 1)
+	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
 		id, _ := idem.IntentFromContext(ctx)
 		intents <- id

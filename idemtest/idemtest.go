@@ -45,7 +45,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/durable"
 )
 
 // Harness is what [RunStoreSuite] needs from a store's test.
@@ -78,7 +77,7 @@ func RunStoreSuite(t *testing.T, h Harness) {
 		t.Fatal("idemtest: Harness.New and Harness.Age are required")
 	}
 	if h.Retention == 0 {
-		h.Retention = durable.DefaultRetention
+		h.Retention = defaultRetention
 	}
 	for _, tc := range storeCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,7 +99,7 @@ func (x *suite) expire(t *testing.T, scope, key string) {
 	x.h.Age(t, x.s, scope, key, x.h.Retention+time.Hour)
 }
 
-func (x *suite) claim(t *testing.T, p durable.ClaimParams) durable.Record {
+func (x *suite) claim(t *testing.T, p idem.ClaimParams) idem.Record {
 	t.Helper()
 	rec, claimed, err := x.s.Claim(x.ctx, p)
 	require.NoError(t, err)
@@ -108,7 +107,7 @@ func (x *suite) claim(t *testing.T, p durable.ClaimParams) durable.Record {
 	return rec
 }
 
-func (x *suite) lose(t *testing.T, p durable.ClaimParams) durable.Record {
+func (x *suite) lose(t *testing.T, p idem.ClaimParams) idem.Record {
 	t.Helper()
 	rec, claimed, err := x.s.Claim(x.ctx, p)
 	require.NoError(t, err)
@@ -116,7 +115,7 @@ func (x *suite) lose(t *testing.T, p durable.ClaimParams) durable.Record {
 	return rec
 }
 
-func (x *suite) get(t *testing.T, scope, key string) durable.Record {
+func (x *suite) get(t *testing.T, scope, key string) idem.Record {
 	t.Helper()
 	rec, err := x.s.Get(x.ctx, scope, key)
 	require.NoError(t, err)
@@ -126,25 +125,25 @@ func (x *suite) get(t *testing.T, scope, key string) durable.Record {
 func (x *suite) notFound(t *testing.T, scope, key string) {
 	t.Helper()
 	_, err := x.s.Get(x.ctx, scope, key)
-	require.ErrorIs(t, err, durable.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 }
 
-func newToken(t *testing.T) durable.Token {
+func newToken(t *testing.T) idem.Token {
 	t.Helper()
-	var tok durable.Token
+	var tok idem.Token
 	_, err := rand.Read(tok[:])
 	require.NoError(t, err)
 	return tok
 }
 
-func params(t *testing.T, scope, key, body string) durable.ClaimParams {
-	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: newToken(t),
+func params(t *testing.T, scope, key, body string) idem.ClaimParams {
+	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: newToken(t),
 		Intent: newToken(t), Hold: time.Minute}
 }
 
 // answer is an answer with everything that must survive a round trip.
-func answer() durable.Answer {
-	return durable.Answer{
+func answer() idem.Response {
+	return idem.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{
 			"Location":     {"/orders/1"},
@@ -158,7 +157,7 @@ func answer() durable.Answer {
 
 // requireAnswer checks that rec holds want, byte for byte. A nil Header or
 // Body may come back empty.
-func requireAnswer(t *testing.T, want durable.Answer, rec durable.Record) {
+func requireAnswer(t *testing.T, want idem.Response, rec idem.Record) {
 	t.Helper()
 	require.NotNil(t, rec.Answer, "the row has an answer")
 	require.False(t, rec.InProgress())
@@ -198,7 +197,7 @@ var storeCases = []struct {
 		require.Equal(t, rec, again)
 
 		q := params(t, "user-1", "key-2", "a")
-		q.Intent = durable.Token{}
+		q.Intent = idem.Token{}
 		require.Equal(t, q.Owner, x.claim(t, q).Intent, "a zero Intent is the Owner")
 	}},
 
@@ -206,8 +205,8 @@ var storeCases = []struct {
 		p := params(t, "user-1", "key-1", "a")
 		x.claim(t, p)
 		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner,
-			durable.Answer{Status: 200, Header: http.Header{"Etag": {"caf\xe9"}}})
-		require.ErrorIs(t, err, durable.ErrInvalid, "invalid UTF-8 would be stored as U+FFFD")
+			idem.Response{Status: 200, Header: http.Header{"Etag": {"caf\xe9"}}})
+		require.ErrorIs(t, err, idem.ErrInvalid, "invalid UTF-8 would be stored as U+FFFD")
 		require.True(t, x.get(t, p.Scope, p.Key).InProgress(), "nothing written")
 	}},
 
@@ -273,8 +272,8 @@ var storeCases = []struct {
 		x.get(t, p.Scope, p.Key) // still live
 		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2+time.Hour)
 		x.notFound(t, p.Scope, p.Key)
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
-		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), idem.ErrNotFound)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotFound)
 	}},
 
 	{"expiry/a row in progress never expires", func(t *testing.T, x *suite) {
@@ -311,47 +310,47 @@ var storeCases = []struct {
 			require.Equal(t, next.Intent, rec.Intent)
 			require.Equal(t, 1, rec.Attempt)
 			require.True(t, rec.InProgress(), "no answer of the old intent")
-			require.ErrorIs(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()), durable.ErrNotOwner)
-			require.NoError(t, x.s.Complete(x.ctx, next.Scope, next.Key, next.Owner, durable.Answer{Status: 200}))
+			require.ErrorIs(t, x.s.Complete(x.ctx, old.Scope, old.Key, old.Owner, answer()), idem.ErrNotOwner)
+			require.NoError(t, x.s.Complete(x.ctx, next.Scope, next.Key, next.Owner, idem.Response{Status: 200}))
 			x.expire(t, next.Scope, next.Key)
 		}
 	}},
 
 	{"complete/only the owner completes, once", func(t *testing.T, x *suite) {
 		p := params(t, "user-1", "key-1", "a")
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), idem.ErrNotFound)
 		x.claim(t, p)
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), answer()), durable.ErrNotOwner)
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), answer()), idem.ErrNotOwner)
 		require.True(t, x.get(t, p.Scope, p.Key).InProgress(), "nothing written")
 		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
 		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
 
 		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()),
 			"the same answer again by its owner: a retry whose first reply was lost")
-		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200})
-		require.ErrorIs(t, err, durable.ErrCompleted, "another answer by the owner")
-		err = x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), durable.Answer{Status: 200})
+		err := x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 200})
+		require.ErrorIs(t, err, idem.ErrCompleted, "another answer by the owner")
+		err = x.s.Complete(x.ctx, p.Scope, p.Key, newToken(t), idem.Response{Status: 200})
 		require.Error(t, err)
-		require.True(t, errorIsAny(err, durable.ErrNotOwner, durable.ErrCompleted), "got %v", err)
+		require.True(t, errorIsAny(err, idem.ErrNotOwner, idem.ErrCompleted), "got %v", err)
 		requireAnswer(t, answer(), x.get(t, p.Scope, p.Key))
 	}},
 
 	{"release/only the owner releases an in-progress row", func(t *testing.T, x *suite) {
 		p := params(t, "user-1", "key-1", "a")
-		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotFound)
 		x.claim(t, p)
-		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, newToken(t)), durable.ErrNotOwner)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, newToken(t)), idem.ErrNotOwner)
 		x.get(t, p.Scope, p.Key)
 		require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
 		x.notFound(t, p.Scope, p.Key)
-		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotFound, "released once")
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotFound)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotFound, "released once")
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), idem.ErrNotFound)
 		x.claim(t, params(t, "user-1", "key-1", "a")) // the next claim wins
 
 		q := params(t, "user-1", "key-2", "a")
 		x.claim(t, q)
 		require.NoError(t, x.s.Complete(x.ctx, q.Scope, q.Key, q.Owner, answer()))
-		require.ErrorIs(t, x.s.Release(x.ctx, q.Scope, q.Key, q.Owner), durable.ErrCompleted, "a finished row is never released")
+		require.ErrorIs(t, x.s.Release(x.ctx, q.Scope, q.Key, q.Owner), idem.ErrCompleted, "a finished row is never released")
 		requireAnswer(t, answer(), x.get(t, q.Scope, q.Key))
 	}},
 
@@ -372,9 +371,9 @@ var storeCases = []struct {
 		require.Equal(t, retry.Owner, rec.Owner, "a new owner")
 		require.True(t, rec.InProgress())
 		require.False(t, rec.HoldUntil.Before(rec.CreatedAt.Add(retry.Hold)), "the new attempt's own deadline")
-		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), durable.ErrNotOwner,
+		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), idem.ErrNotOwner,
 			"the released attempt no longer completes")
-		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), durable.ErrNotOwner)
+		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotOwner)
 		require.NoError(t, x.s.Complete(x.ctx, retry.Scope, retry.Key, retry.Owner, answer()))
 		requireAnswer(t, answer(), x.lose(t, params(t, p.Scope, p.Key, "a")))
 	}},
@@ -387,7 +386,7 @@ var storeCases = []struct {
 	}},
 
 	{"answers round-trip byte for byte", func(t *testing.T, x *suite) {
-		answers := []durable.Answer{
+		answers := []idem.Response{
 			answer(),
 			{Status: 204}, // nil header and body
 			{Status: 200, Header: http.Header{}, Body: []byte{}}, // empty
@@ -399,7 +398,7 @@ var storeCases = []struct {
 			c := params(t, "user-1", "complete-"+string(rune('a'+i)), "a")
 			x.claim(t, c)
 			require.NoError(t, x.s.Complete(x.ctx, c.Scope, c.Key, c.Owner, want))
-			for _, p := range []durable.ClaimParams{c} {
+			for _, p := range []idem.ClaimParams{c} {
 				requireAnswer(t, want, x.get(t, p.Scope, p.Key))
 				retry := p
 				retry.Owner = newToken(t)
@@ -452,8 +451,8 @@ func race(t *testing.T, x *suite, prepare func()) {
 	var (
 		wg      sync.WaitGroup
 		start   = make(chan struct{})
-		ps      [n]durable.ClaimParams
-		recs    [n]durable.Record
+		ps      [n]idem.ClaimParams
+		recs    [n]idem.Record
 		claimed [n]bool
 		errs    [n]error
 	)

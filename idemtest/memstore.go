@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/durable"
 )
 
 // MemStoreConfig configures a [MemStore]. The zero value, like a nil
@@ -50,8 +49,8 @@ type MemStoreConfig struct {
 //     as a new intent, a released one by the next Claim of the same request
 //     as the next attempt of its intent; a row in progress never expires;
 //   - Get, Complete and Release see only live rows, and fail with errors
-//     matching durable.ErrNotFound, durable.ErrNotOwner, durable.ErrCompleted
-//     and durable.ErrInvalid (compare with errors.Is) where the PostgreSQL
+//     matching idem.ErrNotFound, idem.ErrNotOwner, idem.ErrCompleted
+//     and idem.ErrInvalid (compare with errors.Is) where the PostgreSQL
 //     store does;
 //   - only the owner completes (idempotently, with the same answer) or
 //     releases its in-progress row; a finished row is never changed;
@@ -75,14 +74,19 @@ type MemStore struct {
 	rows map[memKey]*memRow
 }
 
+// defaultRetention is durable.DefaultRetention, which this package does not
+// import so that a test over a MemStore links no PostgreSQL driver
+// (TestMemStoreDefaults checks that the two agree).
+const defaultRetention = 24 * time.Hour
+
 type memKey struct{ scope, key string }
 
 // memRow is a row as the table holds it: the answer encoded, nil while in
 // progress.
 type memRow struct {
-	fp          durable.Fingerprint
-	owner       durable.Token
-	intent      durable.Token
+	fp          idem.Fingerprint
+	owner       idem.Token
+	intent      idem.Token
 	attempt     int
 	answer      *memAnswer
 	createdAt   time.Time
@@ -111,7 +115,7 @@ func NewMemStore(cfg *MemStoreConfig) *MemStore {
 		panic(fmt.Sprintf("idemtest: MemStoreConfig.Retention %v must not be negative", c.Retention))
 	}
 	if c.Retention == 0 {
-		c.Retention = durable.DefaultRetention
+		c.Retention = defaultRetention
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -128,18 +132,18 @@ func (s *MemStore) Retention() time.Duration { return s.retention }
 // same fingerprint (the next attempt of its intent), with no answer and
 // CreatedAt now, and returns it with claimed == true; otherwise it returns
 // the row that is there with claimed == false.
-func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Record, bool, error) {
+func (s *MemStore) Claim(_ context.Context, p idem.ClaimParams) (idem.Record, bool, error) {
 	const op = "claim"
 	if err := checkKey(op, p.Scope, p.Key); err != nil {
-		return durable.Record{}, false, err
+		return idem.Record{}, false, err
 	}
-	if p.Owner == (durable.Token{}) {
-		return durable.Record{}, false, invalid(op, "owner token is zero")
+	if p.Owner == (idem.Token{}) {
+		return idem.Record{}, false, invalid(op, "owner token is zero")
 	}
 	if p.Hold < 0 {
-		return durable.Record{}, false, invalid(op, fmt.Sprintf("hold %v is negative", p.Hold))
+		return idem.Record{}, false, invalid(op, fmt.Sprintf("hold %v is negative", p.Hold))
 	}
-	if p.Intent == (durable.Token{}) {
+	if p.Intent == (idem.Token{}) {
 		p.Intent = p.Owner
 	}
 	s.mu.Lock()
@@ -164,11 +168,11 @@ func (s *MemStore) Claim(_ context.Context, p durable.ClaimParams) (durable.Reco
 }
 
 // Get returns the live row of a key, or an error matching
-// durable.ErrNotFound when there is none or it has expired.
-func (s *MemStore) Get(_ context.Context, scope, key string) (durable.Record, error) {
+// idem.ErrNotFound when there is none or it has expired.
+func (s *MemStore) Get(_ context.Context, scope, key string) (idem.Record, error) {
 	const op = "get"
 	if err := checkKey(op, scope, key); err != nil {
-		return durable.Record{}, err
+		return idem.Record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -176,19 +180,19 @@ func (s *MemStore) Get(_ context.Context, scope, key string) (durable.Record, er
 	r, ok := s.rows[k]
 	now := s.clock()
 	if !ok || !s.live(r, now) {
-		return durable.Record{}, notFound(op)
+		return idem.Record{}, notFound(op)
 	}
 	return s.record(r, k, now)
 }
 
 // Complete stores a as the answer of the in-progress row that owner claimed,
 // as [durable.Store.Complete]. It returns nil when the owner's row already
-// holds an equal answer ([durable.Answer.Equal]), so a retry is safe;
-// otherwise an error matching durable.ErrNotFound, durable.ErrNotOwner or
-// durable.ErrCompleted, and nothing is written. A status outside 100..599 or
+// holds an equal answer ([idem.Response.Equal]), so a retry is safe;
+// otherwise an error matching idem.ErrNotFound, idem.ErrNotOwner or
+// idem.ErrCompleted, and nothing is written. A status outside 100..599 or
 // a NUL byte in a header is refused with an error matching
-// durable.ErrInvalid.
-func (s *MemStore) Complete(_ context.Context, scope, key string, owner durable.Token, a durable.Answer) error {
+// idem.ErrInvalid.
+func (s *MemStore) Complete(_ context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	const op = "complete"
 	if err := checkKey(op, scope, key); err != nil {
 		return err
@@ -218,7 +222,7 @@ func (s *MemStore) Complete(_ context.Context, scope, key string, owner durable.
 // [durable.Store.Release]: the row keeps its fingerprint and intent, Get no
 // longer finds it, and the next Claim of the same request takes it over. It
 // fails as Complete does, and never releases a finished row.
-func (s *MemStore) Release(_ context.Context, scope, key string, owner durable.Token) error {
+func (s *MemStore) Release(_ context.Context, scope, key string, owner idem.Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
 		return err
@@ -300,23 +304,23 @@ func (s *MemStore) expired(r *memRow, now time.Time) bool {
 // inProgress returns the live in-progress row of k that owner claimed, or,
 // with the error durable's Store gives, the live row that is there instead
 // (nil when there is none). s.mu must be held.
-func (s *MemStore) inProgress(op string, k memKey, owner durable.Token, now time.Time) (*memRow, error) {
+func (s *MemStore) inProgress(op string, k memKey, owner idem.Token, now time.Time) (*memRow, error) {
 	r, ok := s.rows[k]
 	switch {
 	case !ok || !s.live(r, now):
 		return nil, notFound(op)
 	case r.owner != owner:
-		return r, fmt.Errorf("idemtest: %s: %w", op, durable.ErrNotOwner)
+		return r, fmt.Errorf("idemtest: %s: %w", op, idem.ErrNotOwner)
 	case r.answer != nil:
-		return r, fmt.Errorf("idemtest: %s: %w", op, durable.ErrCompleted)
+		return r, fmt.Errorf("idemtest: %s: %w", op, idem.ErrCompleted)
 	}
 	return r, nil
 }
 
 // record returns a copy of r, read at now, that shares nothing with the
 // store.
-func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, error) {
-	rec := durable.Record{
+func (s *MemStore) record(r *memRow, k memKey, now time.Time) (idem.Record, error) {
+	rec := idem.Record{
 		Scope:       k.scope,
 		Key:         k.key,
 		Fingerprint: r.fp,
@@ -337,7 +341,7 @@ func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, e
 	if r.answer != nil {
 		a, err := r.answer.decode()
 		if err != nil {
-			return durable.Record{}, err
+			return idem.Record{}, err
 		}
 		rec.Answer = &a
 	}
@@ -346,7 +350,7 @@ func (s *MemStore) record(r *memRow, k memKey, now time.Time) (durable.Record, e
 
 // encodeAnswer copies a as the PostgreSQL store writes it: the headers as
 // JSON (jsonb refuses a NUL byte), a nil Body as empty.
-func encodeAnswer(op string, a durable.Answer) (*memAnswer, error) {
+func encodeAnswer(op string, a idem.Response) (*memAnswer, error) {
 	if a.Status < 100 || a.Status > 599 {
 		return nil, invalid(op, fmt.Sprintf("status %d is outside 100..599", a.Status))
 	}
@@ -366,7 +370,7 @@ func encodeAnswer(op string, a durable.Answer) (*memAnswer, error) {
 	}
 	headers, err := json.Marshal(h)
 	if err != nil {
-		return nil, fmt.Errorf("idemtest: %s: %w: %w", op, durable.ErrInvalid, err)
+		return nil, fmt.Errorf("idemtest: %s: %w: %w", op, idem.ErrInvalid, err)
 	}
 	body := bytes.Clone(a.Body)
 	if body == nil {
@@ -377,10 +381,10 @@ func encodeAnswer(op string, a durable.Answer) (*memAnswer, error) {
 
 // decode returns a fresh copy of the answer, as durable's scanRecord reads it:
 // a non-nil Header and Body.
-func (m *memAnswer) decode() (durable.Answer, error) {
-	a := durable.Answer{Status: m.status, Header: http.Header{}, Body: bytes.Clone(m.body)}
+func (m *memAnswer) decode() (idem.Response, error) {
+	a := idem.Response{Status: m.status, Header: http.Header{}, Body: bytes.Clone(m.body)}
 	if err := json.Unmarshal(m.headers, &a.Header); err != nil {
-		return durable.Answer{}, fmt.Errorf("idemtest: response headers: %w", err)
+		return idem.Response{}, fmt.Errorf("idemtest: response headers: %w", err)
 	}
 	if a.Header == nil {
 		a.Header = http.Header{}
@@ -401,9 +405,9 @@ func checkKey(op, scope, key string) error {
 }
 
 func invalid(op, detail string) error {
-	return fmt.Errorf("idemtest: %s: %w: %s", op, durable.ErrInvalid, detail)
+	return fmt.Errorf("idemtest: %s: %w: %s", op, idem.ErrInvalid, detail)
 }
 
 func notFound(op string) error {
-	return fmt.Errorf("idemtest: %s: %w", op, durable.ErrNotFound)
+	return fmt.Errorf("idemtest: %s: %w", op, idem.ErrNotFound)
 }

@@ -45,16 +45,16 @@ func TestMemStoreConformance(t *testing.T) {
 	}
 }
 
-func token(t *testing.T) durable.Token {
+func token(t *testing.T) idem.Token {
 	t.Helper()
-	var tok durable.Token
+	var tok idem.Token
 	_, err := rand.Read(tok[:])
 	require.NoError(t, err)
 	return tok
 }
 
-func claimParams(t *testing.T, scope, key, body string) durable.ClaimParams {
-	return durable.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: token(t)}
+func claimParams(t *testing.T, scope, key, body string) idem.ClaimParams {
+	return idem.ClaimParams{Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte(body)), Owner: token(t)}
 }
 
 // clock is a settable clock for MemStoreConfig.Now.
@@ -105,7 +105,7 @@ func TestMemStoreClock(t *testing.T) {
 	require.Equal(t, time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), rec.CreatedAt)
 
 	c.Advance(time.Minute)
-	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 201}))
+	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 	rec, err = s.Get(ctx, p.Scope, p.Key)
 	require.NoError(t, err)
 	require.Equal(t, time.Date(2026, 1, 2, 3, 5, 5, 6000, time.UTC), rec.CompletedAt)
@@ -115,7 +115,7 @@ func TestMemStoreClock(t *testing.T) {
 	require.NoError(t, err, "live while answered at most Retention ago")
 	c.Advance(time.Microsecond)
 	_, err = s.Get(ctx, p.Scope, p.Key)
-	require.ErrorIs(t, err, durable.ErrNotFound, "expired")
+	require.ErrorIs(t, err, idem.ErrNotFound, "expired")
 
 	next := claimParams(t, "u", "k", "b")
 	rec, claimed, err = s.Claim(ctx, next)
@@ -140,10 +140,10 @@ func TestMemStoreAge(t *testing.T) {
 	require.True(t, s.Age("u", "k", s.Retention()))
 	_, err = s.Get(ctx, "u", "k")
 	require.NoError(t, err, "a row in progress never expires")
-	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 200}))
 	require.True(t, s.Age("u", "k", s.Retention()+time.Hour))
 	_, err = s.Get(ctx, "u", "k")
-	require.ErrorIs(t, err, durable.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 	require.True(t, s.Age("u", "k", -2*time.Hour), "an expired row can be made younger")
 	_, err = s.Get(ctx, "u", "k")
 	require.NoError(t, err)
@@ -155,35 +155,35 @@ func TestMemStoreInvalid(t *testing.T) {
 	owner := token(t)
 	calls := map[string]func(scope, key string) error{
 		"claim": func(scope, key string) error {
-			_, _, err := s.Claim(ctx, durable.ClaimParams{Scope: scope, Key: key, Owner: owner})
+			_, _, err := s.Claim(ctx, idem.ClaimParams{Scope: scope, Key: key, Owner: owner})
 			return err
 		},
 		"get": func(scope, key string) error {
 			_, err := s.Get(ctx, scope, key)
 			return err
 		},
-		"complete": func(scope, key string) error { return s.Complete(ctx, scope, key, owner, durable.Answer{Status: 200}) },
+		"complete": func(scope, key string) error { return s.Complete(ctx, scope, key, owner, idem.Response{Status: 200}) },
 		"release":  func(scope, key string) error { return s.Release(ctx, scope, key, owner) },
 	}
 	for name, call := range calls {
 		for _, bad := range [][2]string{{"u", "k\x00"}, {"u\x00", "k"}, {"u", "k\xff"}, {"\xc3", "k"}} {
-			require.ErrorIs(t, call(bad[0], bad[1]), durable.ErrInvalid, "%s %q", name, bad)
+			require.ErrorIs(t, call(bad[0], bad[1]), idem.ErrInvalid, "%s %q", name, bad)
 		}
 	}
-	_, _, err := s.Claim(ctx, durable.ClaimParams{Scope: "u", Key: "k"})
-	require.ErrorIs(t, err, durable.ErrInvalid, "zero owner")
+	_, _, err := s.Claim(ctx, idem.ClaimParams{Scope: "u", Key: "k"})
+	require.ErrorIs(t, err, idem.ErrInvalid, "zero owner")
 
 	p := claimParams(t, "u", "k", "a")
 	_, _, err = s.Claim(ctx, p)
 	require.NoError(t, err)
-	for name, a := range map[string]durable.Answer{
+	for name, a := range map[string]idem.Response{
 		"status 99":        {Status: 99},
 		"status 600":       {Status: 600},
 		"NUL in a value":   {Status: 200, Header: http.Header{"X-Bad": {"a\x00b"}}},
 		"NUL in a name":    {Status: 200, Header: http.Header{"X-\x00": {"a"}}},
 		"no status at all": {},
 	} {
-		require.ErrorIs(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, a), durable.ErrInvalid, name)
+		require.ErrorIs(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, a), idem.ErrInvalid, name)
 	}
 	rec, err := s.Get(ctx, p.Scope, p.Key)
 	require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestMemStoreCopies(t *testing.T) {
 	p := claimParams(t, "u", "k", "a")
 	_, _, err := s.Claim(ctx, p)
 	require.NoError(t, err)
-	a := durable.Answer{Status: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte("paid")}
+	a := idem.Response{Status: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte("paid")}
 	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, a))
 
 	// The caller's answer, changed after Complete.
@@ -221,7 +221,7 @@ func TestMemStoreSweep(t *testing.T) {
 	p := claimParams(t, "u", "k", "a")
 	_, _, err := s.Claim(ctx, p)
 	require.NoError(t, err)
-	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, durable.Answer{Status: 200}))
+	require.NoError(t, s.Complete(ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 200}))
 	require.True(t, s.Age("u", "k", 2*s.Retention()))
 	cancel()
 	n, err := s.Sweep(ctx)

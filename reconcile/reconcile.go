@@ -127,10 +127,11 @@ type Item struct {
 	Scope, Key string
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint idem.Fingerprint
-	// Intent is the key's IntentID, the one its work saw through
-	// idem.IntentFromContext, the same in every attempt: derive from it
-	// (idem.DeriveID) the names of what the work created, to look them up.
-	Intent idem.IntentID
+	// Intent is the key's intent (see idem.Token), the one its work saw
+	// through idem.IntentFromContext, the same in every attempt: derive
+	// from it (idem.DeriveID) the names of what the work created, to look
+	// them up.
+	Intent idem.Token
 	// Attempt is which attempt of the intent left the key in progress (1,
 	// then one more per release), as idem.AttemptFromContext told its work.
 	// Names derived per attempt are to be looked up for every attempt up to
@@ -163,8 +164,8 @@ type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 // use the Guard that serves the requests, so that its stats, logs and
 // metrics see the reconciler's actions.
 type Guard interface {
-	Settle(ctx context.Context, scope, key string, owner durable.Token, resp idem.Response) error
-	Release(ctx context.Context, scope, key string, owner durable.Token) error
+	Settle(ctx context.Context, scope, key string, owner idem.Token, resp idem.Response) error
+	Release(ctx context.Context, scope, key string, owner idem.Token) error
 	// MaxHold is the longest a running request keeps its key in progress.
 	MaxHold() time.Duration
 }
@@ -267,7 +268,7 @@ type Result struct {
 	// Unknown keys were postponed because the ResolveFunc answered Unknown.
 	Unknown int
 	// Skipped keys were finished, released or taken over by a new request
-	// (durable.ErrCompleted, ErrNotFound, ErrNotOwner) before the decision
+	// (idem.ErrCompleted, ErrNotFound, ErrNotOwner) before the decision
 	// could be applied: a normal race with a retry or with the request's
 	// owner, not an error.
 	Skipped int
@@ -435,7 +436,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) error {
 	type ident struct {
 		scope, key string
-		owner      durable.Token
+		owner      idem.Token
 	}
 	seen := make(map[ident]bool)
 	// handleAll handles the keys of batch not seen yet in this run. It
@@ -544,7 +545,7 @@ func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res 
 		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile left a key alone until its own deadline")
 		return true
 	}
-	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: idem.IntentID(d.Intent),
+	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: d.Intent,
 		Attempt: d.Attempt, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
 	dec, err := r.call(ctx, it)
 	if err == nil {
@@ -694,8 +695,8 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 // gone reports whether err says that the key is no longer the in-progress
 // row that was listed: a normal race, not a failure.
 func gone(err error) bool {
-	return errors.Is(err, durable.ErrCompleted) || errors.Is(err, durable.ErrNotFound) ||
-		errors.Is(err, durable.ErrNotOwner) || errors.Is(err, errGone)
+	return errors.Is(err, idem.ErrCompleted) || errors.Is(err, idem.ErrNotFound) ||
+		errors.Is(err, idem.ErrNotOwner) || errors.Is(err, errGone)
 }
 
 // keyHash is the Guard's, so lines of both can be matched.

@@ -304,9 +304,9 @@ func TestCrashedOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "table")
 	req := request(newKey())
-	var owner durable.Token
+	var owner idem.Token
 	_, _ = rand.Read(owner[:])
-	_, claimed, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner})
+	_, claimed, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner})
 	require.NoError(t, err)
 	require.True(t, claimed)
 	_, _, err = b.guard.Do(b.ctx, req, (&work{}).do)
@@ -327,9 +327,9 @@ func TestMinAgeAndOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "table")
 	claim := func(key string) {
-		var owner durable.Token
+		var owner idem.Token
 		_, _ = rand.Read(owner[:])
-		_, claimed, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: "user-1", Key: key, Fingerprint: request(key).Fingerprint, Owner: owner})
+		_, claimed, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: "user-1", Key: key, Fingerprint: request(key).Fingerprint, Owner: owner})
 		require.NoError(t, err)
 		require.True(t, claimed)
 	}
@@ -422,19 +422,19 @@ func TestResolverFailures(t *testing.T) {
 // TestRaces: the key changes while the resolver works. Whatever the decision,
 // it is not applied to a key that is no longer the listed intent.
 func TestRaces(t *testing.T) {
-	type setupFn func(t *testing.T, b *bundle, owner durable.Token, req idem.Request)
-	completed := func(t *testing.T, b *bundle, owner durable.Token, req idem.Request) {
-		require.NoError(t, b.store.Complete(b.ctx, req.Scope, req.Key, owner, durable.Answer{Status: 202}))
+	type setupFn func(t *testing.T, b *bundle, owner idem.Token, req idem.Request)
+	completed := func(t *testing.T, b *bundle, owner idem.Token, req idem.Request) {
+		require.NoError(t, b.store.Complete(b.ctx, req.Scope, req.Key, owner, idem.Response{Status: 202}))
 	}
-	retaken := func(t *testing.T, b *bundle, owner durable.Token, req idem.Request) {
+	retaken := func(t *testing.T, b *bundle, owner idem.Token, req idem.Request) {
 		require.NoError(t, b.store.Release(b.ctx, req.Scope, req.Key, owner))
-		var other durable.Token
+		var other idem.Token
 		_, _ = rand.Read(other[:])
-		_, claimed, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: other})
+		_, claimed, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: other})
 		require.NoError(t, err)
 		require.True(t, claimed)
 	}
-	released := func(t *testing.T, b *bundle, owner durable.Token, req idem.Request) {
+	released := func(t *testing.T, b *bundle, owner idem.Token, req idem.Request) {
 		require.NoError(t, b.store.Release(b.ctx, req.Scope, req.Key, owner))
 	}
 	tests := []struct {
@@ -469,7 +469,7 @@ func TestRaces(t *testing.T) {
 		}},
 		{name: "released, then settled", meanwhile: released, verdict: reconcile.Settled, check: func(t *testing.T, b *bundle, req idem.Request) {
 			_, err := b.store.Get(b.ctx, req.Scope, req.Key)
-			require.ErrorIs(t, err, durable.ErrNotFound)
+			require.ErrorIs(t, err, idem.ErrNotFound)
 		}},
 	}
 	for _, tt := range tests {
@@ -477,9 +477,9 @@ func TestRaces(t *testing.T) {
 			t.Parallel()
 			b := setup(t, "table")
 			req := request(newKey())
-			var owner durable.Token
+			var owner idem.Token
 			_, _ = rand.Read(owner[:])
-			_, _, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner})
+			_, _, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner})
 			require.NoError(t, err)
 			b.age(t, req.Scope, req.Key, "2 minutes")
 			b.res.set(func(context.Context, reconcile.Item) (reconcile.Decision, error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -100,9 +101,9 @@ WHERE user_id = $1 AND key = $2 AND owner_token = $3
 // dueRow is an in-progress row to look at now, with its reconciliation state.
 type dueRow struct {
 	Scope, Key  string
-	Fingerprint durable.Fingerprint
-	Owner       durable.Token // the attempt's
-	Intent      durable.Token
+	Fingerprint idem.Fingerprint
+	Owner       idem.Token // the attempt's
+	Intent      idem.Token
 	Attempt     int // which attempt of the intent
 	CreatedAt   time.Time
 	Attempts    int  // earlier attempts that could not learn the outcome

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/testdb"
 )
@@ -29,11 +30,11 @@ func setupRows(t *testing.T) *rowsBundle {
 	return &rowsBundle{ctx: t.Context(), store: store, pool: pool, rows: newRows(store)}
 }
 
-func (b *rowsBundle) claim(t *testing.T, key string) durable.Token {
+func (b *rowsBundle) claim(t *testing.T, key string) idem.Token {
 	t.Helper()
-	var owner durable.Token
+	var owner idem.Token
 	_, _ = rand.Read(owner[:])
-	_, ok, err := b.store.Claim(b.ctx, durable.ClaimParams{Scope: "user-1", Key: key, Fingerprint: durable.Fingerprint{1}, Owner: owner})
+	_, ok, err := b.store.Claim(b.ctx, idem.ClaimParams{Scope: "user-1", Key: key, Fingerprint: idem.Fingerprint{1}, Owner: owner})
 	require.NoError(t, err)
 	require.True(t, ok)
 	return owner
@@ -97,14 +98,14 @@ func (b *rowsBundle) listPostponed(t *testing.T) []string {
 // than the age, within the window; oldest first, page by page.
 func TestRowsNew(t *testing.T) {
 	b := setupRows(t)
-	owners := map[string]durable.Token{}
+	owners := map[string]idem.Token{}
 	for key, age := range map[string]string{"k10": "10 minutes", "k30": "30 minutes", "k20": "20 minutes"} {
 		owners[key] = b.claim(t, key)
 		b.age(t, key, age)
 	}
 	b.claim(t, "fresh")
 	done := b.claim(t, "done")
-	require.NoError(t, b.store.Complete(b.ctx, "user-1", "done", done, durable.Answer{Status: 200}))
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "done", done, idem.Response{Status: 200}))
 	b.age(t, "done", "40 minutes")
 	released := b.claim(t, "released")
 	require.NoError(t, b.store.Release(b.ctx, "user-1", "released", released))
@@ -119,7 +120,7 @@ func TestRowsNew(t *testing.T) {
 		for _, d := range ds {
 			require.Zero(t, d.Attempts)
 			require.Equal(t, owners[d.Key], d.Owner)
-			require.Equal(t, durable.Fingerprint{1}, d.Fingerprint)
+			require.Equal(t, idem.Fingerprint{1}, d.Fingerprint)
 		}
 	}
 	ds, _ := b.listNew(t, 0, 10)
@@ -204,7 +205,7 @@ func TestRowsPostponed(t *testing.T) {
 	require.Equal(t, []string{"a", "b", "c"}, b.listPostponed(t))
 
 	// Answered: out of the list and of the partial index.
-	require.NoError(t, b.store.Complete(b.ctx, "user-1", "a", ds[0].Owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "a", ds[0].Owner, idem.Response{Status: 201}))
 	_, after, _ = b.state(t, "a")
 	require.Nil(t, after)
 	// Released: out of the list. Old: still in it.
@@ -226,12 +227,12 @@ func TestRowsPostpone(t *testing.T) {
 	require.False(t, inFuture, "a zero delay is due at once")
 
 	other := d
-	other.Owner = durable.Token{9}
+	other.Owner = idem.Token{9}
 	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, other, 2, time.Minute), errGone)
 	missing := d
 	missing.Key = "nope"
 	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, missing, 2, time.Minute), errGone)
-	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", owner, durable.Answer{Status: 201}))
+	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", owner, idem.Response{Status: 201}))
 	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, d, 2, time.Minute), errGone)
 
 	q := dueRow{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}

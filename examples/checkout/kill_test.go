@@ -278,8 +278,8 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 	// Every killed request left its durable row in progress.
 	store, err := durable.New(pool, &durable.Config{Schema: schema})
 	require.NoError(t, err)
-	killedOwners := map[durable.Token]bool{}
-	killedOwnerOf := map[string]durable.Token{} // by key
+	killedOwners := map[idem.Token]bool{}
+	killedOwnerOf := map[string]idem.Token{} // by key
 	for _, in := range intents {
 		rec, err := store.Get(ctx, in.user, in.key)
 		require.NoError(t, err, "every killed execution left its row")
@@ -310,10 +310,10 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 	var (
 		recMu      sync.Mutex
 		recResult  reconcile.Result
-		recVisited = map[durable.Token]reconcile.Verdict{}
+		recVisited = map[idem.Token]reconcile.Verdict{}
 	)
 	rec, err := reconcile.New(recGuard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
-		owner := durable.Token(it.Intent)
+		owner := it.Intent
 		if !killedOwners[owner] {
 			// A row of process B: it may be running; leave it alone.
 			return reconcile.Decision{}, errors.New("not a row of the killed process")

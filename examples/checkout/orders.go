@@ -65,7 +65,7 @@ type Order struct {
 // the intent's ID (the claim of the Idempotency-Key), so the request and the
 // reconciler name the same order, and a key reused after it expired, a new
 // intent, creates a new order and a new charge.
-func orderID(intent idem.IntentID) string { return idem.DeriveID("ord_", "order", intent) }
+func orderID(intent idem.Token) string { return idem.DeriveID("ord_", "order", intent) }
 
 // paymentKey is the idempotency key the order's charge is sent to the
 // provider with, derived from the order so that every call about this order,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
@@ -84,7 +85,7 @@ FROM `+table).Scan(&nLive, &nOpen, &nExpired, &nUsers, &minBody, &maxBody, &olde
 	require.NoError(t, err)
 	require.Nil(t, rec.Answer, "n %% 100 == 0 is in progress")
 	_, err = store.Get(t.Context(), scopeOf(5), keyOf("expired1", 5))
-	require.ErrorIs(t, err, durable.ErrNotFound, "expired rows are invisible")
+	require.ErrorIs(t, err, idem.ErrNotFound, "expired rows are invisible")
 }
 
 // TestRun runs the whole bench at a tiny size and checks the report has

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -102,11 +103,11 @@ func newKey(rng *rand.Rand) (scope, key string) {
 
 // answer is what Complete stores: a 201 with a Location and a body of about
 // 300 bytes, like the loaded rows.
-func answer(scope, key string) durable.Answer {
+func answer(scope, key string) idem.Response {
 	sum := sha256.Sum256([]byte(key))
 	body := fmt.Sprintf(`{"id":"%s","object":"payment","status":"succeeded","amount":4200,"currency":"eur","customer":"%s","description":"order","receipt":"%x%x"}`,
 		key, scope, sum, sum[:16])
-	return durable.Answer{
+	return idem.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Location": {"/payments/" + key}, "Content-Type": {"application/json"}},
 		Body:   []byte(body),
@@ -116,9 +117,9 @@ func answer(scope, key string) durable.Answer {
 // claimAndComplete claims a new key, then completes it, timing each.
 func (c *client) claimAndComplete(ctx context.Context, rng *rand.Rand, rec *recorder) {
 	scope, key := newKey(rng)
-	var owner durable.Token
+	var owner idem.Token
 	putUint64s(owner[:], rng.Uint64(), rng.Uint64()|1)
-	p := durable.ClaimParams{Scope: scope, Key: key, Owner: owner, Fingerprint: sha256.Sum256([]byte("req:" + key))}
+	p := idem.ClaimParams{Scope: scope, Key: key, Owner: owner, Fingerprint: sha256.Sum256([]byte("req:" + key))}
 	err := rec.timed(OpClaimNew, func() error {
 		_, claimed, err := c.store.Claim(ctx, p)
 		if err == nil && !claimed {
@@ -146,9 +147,9 @@ func (c *client) answeredRow(rng *rand.Rand) int64 {
 func (c *client) replayClaim(ctx context.Context, rng *rand.Rand, rec *recorder) {
 	n := c.answeredRow(rng)
 	key := keyOf(liveTag, n)
-	var owner durable.Token
+	var owner idem.Token
 	putUint64s(owner[:], rng.Uint64(), rng.Uint64()|1)
-	p := durable.ClaimParams{Scope: scopeOf(n), Key: key, Owner: owner, Fingerprint: sha256.Sum256([]byte("req:" + key))}
+	p := idem.ClaimParams{Scope: scopeOf(n), Key: key, Owner: owner, Fingerprint: sha256.Sum256([]byte("req:" + key))}
 	_ = rec.timed(OpReplayClaim, func() error {
 		r, claimed, err := c.store.Claim(ctx, p)
 		switch {

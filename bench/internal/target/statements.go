@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 )
 
@@ -30,8 +31,8 @@ func captureStatements(cfg *durable.Config) (statements, error) {
 		return statements{}, err
 	}
 	ctx := context.Background()
-	p := durable.ClaimParams{Scope: "s", Key: "k", Owner: durable.Token{1}}
-	a := durable.Answer{Status: 201}
+	p := idem.ClaimParams{Scope: "s", Key: "k", Owner: idem.Token{1}}
+	a := idem.Response{Status: 201}
 	var st statements
 	_, _, _ = store.Claim(ctx, p) // claim, then get (the lost-race fallback)
 	claimSQL := rec.take()
