@@ -182,11 +182,15 @@ func (c *Config) validate() error {
 
 // qualified returns the quoted, schema-qualified name of the table (or only
 // the quoted table name when no schema is set).
-func (c *Config) qualified() string {
+func (c *Config) qualified() string { return c.qualifiedAs(c.Table) }
+
+// qualifiedAs is qualified for another table of the same schema, such as the
+// table's name with a suffix the migrations give a table beside it.
+func (c *Config) qualifiedAs(table string) string {
 	if c.Schema == "" {
-		return pgx.Identifier{c.Table}.Sanitize()
+		return pgx.Identifier{table}.Sanitize()
 	}
-	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
+	return pgx.Identifier{c.Schema, table}.Sanitize()
 }
 
 var errNilDB = errors.New("durable: db is nil")

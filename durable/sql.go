@@ -268,3 +268,93 @@ UPDATE {l} SET expires_at = now()
 WHERE job = $1 AND holder = $2 AND expires_at > now()`),
 	}
 }
+
+// backlogStatements are the reconciler's statements (see backlog.go) over
+// the table and its <table>_reconcile row (migration 0003), each one
+// autocommit round trip.
+//
+// No index lists in-progress rows: one whose predicate reads response_status
+// would make every answer write a non-HOT update (migration 0003). A run
+// finds due rows in two places instead:
+//
+//   - postponed rows, whose reconcile_after is set, through the partial index
+//     on reconcile_after, which holds only them;
+//   - rows never looked at, created between the last run's high-water mark
+//     (minus an overlap) and now - MinAge, through the created_at index: a
+//     range of the rows created since the last run, not the whole day.
+//
+// A row is the reconciler's only once its execution has ended for sure: past
+// its own deadline, hold_until (the claim's now() plus the MaxHold of the
+// Guard that claimed it, migration 0005). A row claimed before migration 0005
+// has no hold_until, and the reconciler's MinAge alone protects it. Released
+// rows are not in progress: no claim holds them.
+type backlogStatements struct {
+	listPostponed, listNew, window, mark, postpone, deferToHold string
+}
+
+// dueColumns is the select list of both listings, in the order scanDue
+// reads them; the last column says whether the row is past its own deadline.
+const dueColumns = `user_id, key, request_hash, owner_token, coalesce(intent_id, owner_token), coalesce(attempt, 1),
+	created_at, reconcile_attempts, coalesce(hold_until <= now(), true)`
+
+// newBacklogStatements builds them for the quoted, qualified table t and its
+// reconciler's table state.
+func newBacklogStatements(t, state string) backlogStatements {
+	r := strings.NewReplacer("{t}", t, "{state}", state, "{due}", dueColumns)
+	return backlogStatements{
+		// $1 limit. The rows whose backoff (or deadline, see deferToHold)
+		// ended, in the order it ended. A row in progress never expires,
+		// so no retention bounds the list.
+		listPostponed: r.Replace(`
+SELECT {due} FROM {t}
+WHERE reconcile_after IS NOT NULL AND reconcile_after <= now()
+	AND response_status IS NULL AND released_at IS NULL
+ORDER BY reconcile_after, user_id, key
+LIMIT $1`),
+
+		// $1, $2, $3 the position (created_at, user_id, key) to list after;
+		// $4 the end of the window; $5 limit. Oldest first.
+		listNew: r.Replace(`
+SELECT {due} FROM {t}
+WHERE created_at >= $1 AND created_at <= $4
+	AND (created_at, user_id, key) > ($1, $2, $3)
+	AND response_status IS NULL AND released_at IS NULL AND reconcile_after IS NULL
+ORDER BY created_at, user_id, key
+LIMIT $5`),
+
+		// $1 min age, $2 overlap (microseconds). The window of a scan of new
+		// rows: from the mark of the last scan less the overlap (or the
+		// oldest row, for the very first scan: a row in progress never
+		// expires, so no retention bounds what is left to look at), to now
+		// - min age. The oldest row is the first entry of the created_at
+		// index; an empty table gives an empty window.
+		window: r.Replace(`
+SELECT coalesce(
+		(SELECT scanned_to FROM {state}) - $2::bigint * interval '1 microsecond',
+		(SELECT min(created_at) FROM {t}),
+		now() - $1::bigint * interval '1 microsecond'),
+	now() - $1::bigint * interval '1 microsecond'`),
+
+		// $1 the new mark.
+		mark: r.Replace(`
+INSERT INTO {state} AS s (singleton, scanned_to) VALUES (true, $1)
+ON CONFLICT (singleton) DO UPDATE SET scanned_to = excluded.scanned_to, updated_at = now()`),
+
+		// $1 scope, $2 key, $3 owner, $4 attempts, $5 delay (microseconds).
+		// The owner check keeps the backoff on the attempt that was listed.
+		postpone: r.Replace(`
+UPDATE {t} SET
+	reconcile_attempts = $4,
+	reconcile_after    = now() + $5::bigint * interval '1 microsecond'
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND released_at IS NULL`),
+
+		// $1 scope, $2 key, $3 owner. Hides a row listed before its
+		// deadline until the deadline, without counting an attempt: the
+		// postponed listing finds it then.
+		deferToHold: r.Replace(`
+UPDATE {t} SET reconcile_after = hold_until
+WHERE user_id = $1 AND key = $2 AND owner_token = $3
+	AND response_status IS NULL AND released_at IS NULL`),
+	}
+}

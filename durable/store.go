@@ -40,8 +40,9 @@ type Store struct {
 	table     string // quoted and qualified
 	retention int64  // cfg.Retention in microseconds
 	sql       *statements
-	channel   string // the table's notification channel (Config.Notify, Listener)
-	joined    bool   // db is the caller's (WithDB): its transaction is never changed
+	backlog   *backlogStatements // the reconciler's (backlog.go)
+	channel   string             // the table's notification channel (Config.Notify, Listener)
+	joined    bool               // db is the caller's (WithDB): its transaction is never changed
 }
 
 // A Store is the Guard's store, and can join a caller's transaction.
@@ -73,6 +74,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 		table:     table,
 		retention: c.Retention.Microseconds(),
 		sql:       newStatements(table),
+		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
 	}, nil
 }

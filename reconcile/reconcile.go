@@ -170,11 +170,11 @@ type Guard interface {
 	MaxHold() time.Duration
 }
 
-// Store names the idempotency table a Reconciler works on. *durable.Store
+// Store is the idempotency table a Reconciler works on. *durable.Store
 // satisfies it: pass the store the Guard uses. The Reconciler lists due keys
-// and keeps their backoff with its own statements on that table (the
-// columns of migration 0002), and settles or releases them through the
-// Guard.
+// and keeps their backoff through it (the columns of migration 0002, see
+// durable.Store.ListPostponed and the methods beside it), and settles or
+// releases them through the Guard.
 type Store interface {
 	// Table is the quoted, qualified table name; the reconciler's lease
 	// is kept in the lease table beside it (migration 0006).
@@ -183,6 +183,23 @@ type Store interface {
 	// in progress never expires. It must be longer than MinAge plus
 	// Interval.
 	Retention() time.Duration
+	// ListPostponed lists up to limit in-progress keys whose backoff ended,
+	// in the order it ended.
+	ListPostponed(ctx context.Context, limit int) ([]durable.Due, error)
+	// ScanWindow returns the window of a scan of keys never looked at: from
+	// the last scan's mark less overlap to now - minAge.
+	ScanWindow(ctx context.Context, minAge, overlap time.Duration) (from, to time.Time, err error)
+	// ListNew lists up to limit in-progress keys never postponed, created
+	// after the position of after and no later than to, oldest first.
+	ListNew(ctx context.Context, after durable.Due, to time.Time, limit int) ([]durable.Due, error)
+	// MarkScanned records that every key created at or before to has been
+	// looked at.
+	MarkScanned(ctx context.Context, to time.Time) error
+	// Postpone records attempts failed attempts on the listed attempt of a
+	// key and hides it for delay.
+	Postpone(ctx context.Context, d durable.Due, attempts int, delay time.Duration) error
+	// Defer hides the listed attempt of a key until its own deadline.
+	Defer(ctx context.Context, d durable.Due) error
 }
 
 // ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
@@ -284,18 +301,16 @@ type Result struct {
 type Reconciler struct {
 	guard   Guard
 	store   Store
-	db      durable.DB
 	resolve ResolveFunc
 	cfg     Config
 	leader  *durable.Leader
-	rows    rows
 	loop    periodic.Runner
 	metrics metrics
 }
 
 // New returns a Reconciler that settles and releases keys through guard,
-// finds them in store (the Guard's store) with statements run on db, and
-// asks resolve what happened. db is normally the pool the store runs on,
+// finds them in store (the Guard's store), holds its lease on db, and asks
+// resolve what happened. db is normally the pool the store runs on,
 // directly or through any connection pooler (never a transaction: each
 // statement commits on its own). A nil cfg gives every default. Invalid
 // fields are reported by name.
@@ -371,11 +386,9 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 	return &Reconciler{
 		guard:   guard,
 		store:   store,
-		db:      db,
 		resolve: resolve,
 		cfg:     c,
 		leader:  leader,
-		rows:    newRows(store),
 		metrics: m,
 	}, nil
 }
@@ -412,7 +425,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
 	err := r.leader.Do(ctx, func(ctx context.Context) error {
-		return r.run(ctx, r.db, &res)
+		return r.run(ctx, &res)
 	})
 	took := time.Since(start)
 	if errors.Is(err, durable.ErrLocked) {
@@ -433,7 +446,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 // MinAge) to now - MinAge. It then marks where this scan ended, or, when a
 // key could be neither settled, released nor postponed, just before that key,
 // so that the next run lists it again.
-func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) error {
+func (r *Reconciler) run(ctx context.Context, res *Result) error {
 	type ident struct {
 		scope, key string
 		owner      idem.Token
@@ -441,7 +454,7 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 	seen := make(map[ident]bool)
 	// handleAll handles the keys of batch not seen yet in this run. It
 	// reports how many it handled, and the first one still due after it.
-	handleAll := func(batch []dueRow) (handled int, stuck *dueRow, err error) {
+	handleAll := func(batch []durable.Due) (handled int, stuck *durable.Due, err error) {
 		for i, d := range batch {
 			id := ident{d.Scope, d.Key, d.Owner}
 			if seen[id] {
@@ -452,7 +465,7 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 			}
 			seen[id] = true
 			handled++
-			if !r.handle(ctx, conn, d, res) && stuck == nil {
+			if !r.handle(ctx, d, res) && stuck == nil {
 				stuck = &batch[i]
 			}
 		}
@@ -471,9 +484,9 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 	}
 
 	for {
-		var batch []dueRow
+		var batch []durable.Due
 		if err := call(func(ctx context.Context) (err error) {
-			batch, err = r.rows.listPostponed(ctx, conn, r.cfg.BatchSize)
+			batch, err = r.store.ListPostponed(ctx, r.cfg.BatchSize)
 			return err
 		}); err != nil {
 			return err
@@ -490,16 +503,16 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 
 	var from, to time.Time
 	if err := call(func(ctx context.Context) (err error) {
-		from, to, err = r.rows.window(ctx, conn, r.cfg.MinAge, r.cfg.MinAge)
+		from, to, err = r.store.ScanWindow(ctx, r.cfg.MinAge, r.cfg.MinAge)
 		return err
 	}); err != nil {
 		return err
 	}
 	mark := to
-	for pos, marked := (cursor{CreatedAt: from}), false; ; {
-		var batch []dueRow
+	for pos, marked := (durable.Due{CreatedAt: from}), false; ; {
+		var batch []durable.Due
 		if err := call(func(ctx context.Context) (err error) {
-			batch, err = r.rows.listNew(ctx, conn, pos, to, r.cfg.BatchSize)
+			batch, err = r.store.ListNew(ctx, pos, to, r.cfg.BatchSize)
 			return err
 		}); err != nil {
 			return err
@@ -514,9 +527,9 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 		if len(batch) < r.cfg.BatchSize {
 			break
 		}
-		pos = batch[len(batch)-1].after()
+		pos = batch[len(batch)-1]
 	}
-	if err := call(func(ctx context.Context) error { return r.rows.mark(ctx, conn, mark) }); err != nil {
+	if err := call(func(ctx context.Context) error { return r.store.MarkScanned(ctx, mark) }); err != nil {
 		return fmt.Errorf("mark the scan: %w", err)
 	}
 	return nil
@@ -525,14 +538,14 @@ func (r *Reconciler) run(ctx context.Context, conn durable.DB, res *Result) erro
 // handle resolves one key and applies the decision, counting it in res. It
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
-func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res *Result) bool {
+func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
 	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
 	if !d.Ended {
 		// The execution that holds the key may still run (a Guard with a
 		// longer MaxHold claimed it): leave it alone until its deadline.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
 		defer cancel()
-		err := r.rows.deferKey(sctx, conn, d)
+		err := r.store.Defer(sctx, d)
 		switch {
 		case gone(err):
 			res.Skipped++
@@ -562,7 +575,7 @@ func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res 
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile resolver failed; the key stays in progress",
 			slog.Int("attempts", it.Attempts), slog.Any("error", err))
-		postponed, due := r.postpone(sctx, conn, log, d, res)
+		postponed, due := r.postpone(sctx, log, d, res)
 		if postponed {
 			res.Errors++
 		}
@@ -570,7 +583,7 @@ func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res 
 	}
 	switch dec.Verdict {
 	case Unknown:
-		postponed, due := r.postpone(sctx, conn, log, d, res)
+		postponed, due := r.postpone(sctx, log, d, res)
 		if postponed {
 			res.Unknown++
 		}
@@ -591,7 +604,7 @@ func (r *Reconciler) handle(ctx context.Context, conn durable.DB, d dueRow, res 
 			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not apply its decision; the key stays in progress",
 				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
 			// A failing call must not be retried at every run: back off.
-			_, due := r.postpone(sctx, conn, log, d, &Result{})
+			_, due := r.postpone(sctx, log, d, &Result{})
 			return !due
 		case dec.Verdict == Settled:
 			res.Settled++
@@ -637,10 +650,10 @@ func (d Decision) validate() error {
 // backoff. It reports whether the key was postponed, and whether it is still
 // due: it is not when postponed or changed by someone else meanwhile (counted
 // in res as skipped); it is when the store failed (counted as an error).
-func (r *Reconciler) postpone(ctx context.Context, conn durable.DB, log *slog.Logger, d dueRow, res *Result) (postponed, due bool) {
+func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.Due, res *Result) (postponed, due bool) {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
-	err := r.rows.postponeKey(ctx, conn, d, attempts, delay)
+	err := r.store.Postpone(ctx, d, attempts, delay)
 	switch {
 	case gone(err):
 		res.Skipped++
@@ -696,7 +709,7 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 // row that was listed: a normal race, not a failure.
 func gone(err error) bool {
 	return errors.Is(err, idem.ErrCompleted) || errors.Is(err, idem.ErrNotFound) ||
-		errors.Is(err, idem.ErrNotOwner) || errors.Is(err, errGone)
+		errors.Is(err, idem.ErrNotOwner)
 }
 
 // keyHash is the Guard's, so lines of both can be matched.

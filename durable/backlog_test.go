@@ -1,13 +1,11 @@
-package reconcile
+package durable_test
 
 import (
 	"context"
 	"crypto/rand"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -16,19 +14,22 @@ import (
 	"github.com/idemguard/idem/internal/testdb"
 )
 
-// rowsBundle is a store of its own schema and the reconciler's statements
-// on it.
+// rowsBundle is a store of its own schema, on which the reconciler's
+// statements run.
 type rowsBundle struct {
 	ctx   context.Context
 	store *durable.Store
 	pool  *pgxpool.Pool
-	rows  rows
 }
 
 func setupRows(t *testing.T) *rowsBundle {
 	store, pool := testdb.Store(t, nil)
-	return &rowsBundle{ctx: t.Context(), store: store, pool: pool, rows: newRows(store)}
+	return &rowsBundle{ctx: t.Context(), store: store, pool: pool}
 }
+
+// stateTable is the reconciler's table of migration 0003, beside the
+// store's.
+func stateTable(t string) string { return t[:len(t)-1] + `_reconcile"` }
 
 func (b *rowsBundle) claim(t *testing.T, key string) idem.Token {
 	t.Helper()
@@ -61,7 +62,7 @@ FROM `+b.store.Table()+` WHERE user_id = 'user-1' AND key = $1`, key).Scan(&atte
 	return attempts, after, inFuture
 }
 
-func keysOf(ds []dueRow) []string {
+func keysOf(ds []durable.Due) []string {
 	var keys []string
 	for _, d := range ds {
 		keys = append(keys, d.Key)
@@ -71,32 +72,32 @@ func keysOf(ds []dueRow) []string {
 
 // listNew lists the new rows of the window of minAge (overlap 1m), limit at
 // a time, and returns all of them and the end of the window.
-func (b *rowsBundle) listNew(t *testing.T, minAge time.Duration, limit int) ([]dueRow, time.Time) {
+func (b *rowsBundle) listNew(t *testing.T, minAge time.Duration, limit int) ([]durable.Due, time.Time) {
 	t.Helper()
-	from, to, err := b.rows.window(b.ctx, b.pool, minAge, time.Minute)
+	from, to, err := b.store.ScanWindow(b.ctx, minAge, time.Minute)
 	require.NoError(t, err)
-	var all []dueRow
-	for pos := (cursor{CreatedAt: from}); ; {
-		ds, err := b.rows.listNew(b.ctx, b.pool, pos, to, limit)
+	var all []durable.Due
+	for pos := (durable.Due{CreatedAt: from}); ; {
+		ds, err := b.store.ListNew(b.ctx, pos, to, limit)
 		require.NoError(t, err)
 		all = append(all, ds...)
 		if len(ds) < limit {
 			return all, to
 		}
-		pos = ds[len(ds)-1].after()
+		pos = ds[len(ds)-1]
 	}
 }
 
 func (b *rowsBundle) listPostponed(t *testing.T) []string {
 	t.Helper()
-	ds, err := b.rows.listPostponed(b.ctx, b.pool, 10)
+	ds, err := b.store.ListPostponed(b.ctx, 10)
 	require.NoError(t, err)
 	return keysOf(ds)
 }
 
 // New rows: in progress (not answered, not released), never postponed, older
 // than the age, within the window; oldest first, page by page.
-func TestRowsNew(t *testing.T) {
+func TestBacklogNew(t *testing.T) {
 	b := setupRows(t)
 	owners := map[string]idem.Token{}
 	for key, age := range map[string]string{"k10": "10 minutes", "k30": "30 minutes", "k20": "20 minutes"} {
@@ -110,9 +111,9 @@ func TestRowsNew(t *testing.T) {
 	released := b.claim(t, "released")
 	require.NoError(t, b.store.Release(b.ctx, "user-1", "released", released))
 	b.age(t, "released", "25 minutes")
-	p := dueRow{Scope: "user-1", Key: "postponed", Owner: b.claim(t, "postponed")}
+	p := durable.Due{Scope: "user-1", Key: "postponed", Owner: b.claim(t, "postponed")}
 	b.age(t, "postponed", "15 minutes")
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, p, 1, 0))
+	require.NoError(t, b.store.Postpone(b.ctx, p, 1, 0))
 
 	for _, limit := range []int{1, 2, 10} {
 		ds, _ := b.listNew(t, 5*time.Minute, limit)
@@ -137,9 +138,9 @@ func TestRowsNew(t *testing.T) {
 // The window starts at the oldest row until a scan is marked (a row in
 // progress never expires, however old), then at the mark less the overlap;
 // it ends at now - min age.
-func TestRowsWindow(t *testing.T) {
+func TestBacklogWindow(t *testing.T) {
 	b := setupRows(t)
-	from, to, err := b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	from, to, err := b.store.ScanWindow(b.ctx, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	var now time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now))
@@ -148,7 +149,7 @@ func TestRowsWindow(t *testing.T) {
 
 	b.claim(t, "ancient")
 	b.age(t, "ancient", "72 hours")
-	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	from, _, err = b.store.ScanWindow(b.ctx, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	require.WithinDuration(t, now.Add(-72*time.Hour), from, 5*time.Second, "the first scan starts at the oldest row")
 	ds, _ := b.listNew(t, time.Minute, 10)
@@ -157,15 +158,15 @@ func TestRowsWindow(t *testing.T) {
 	require.NoError(t, err)
 
 	mark := now.Add(-10 * time.Minute).Truncate(time.Microsecond)
-	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
-	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, b.store.MarkScanned(b.ctx, mark))
+	from, _, err = b.store.ScanWindow(b.ctx, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	require.True(t, from.Equal(mark.Add(-30*time.Second)), "from %v, mark %v", from, mark)
 
 	// A row created before the window is not listed again.
 	b.claim(t, "old")
 	b.age(t, "old", "20 minutes")
-	require.NoError(t, b.rows.mark(b.ctx, b.pool, now.Add(-2*time.Minute)))
+	require.NoError(t, b.store.MarkScanned(b.ctx, now.Add(-2*time.Minute)))
 	ds, _ = b.listNew(t, time.Minute, 10)
 	require.Empty(t, ds)
 
@@ -173,24 +174,24 @@ func TestRowsWindow(t *testing.T) {
 	// never expires, so a reconciler that was stopped for longer still
 	// lists the rows claimed meanwhile.
 	mark = now.Add(-48 * time.Hour).Truncate(time.Microsecond)
-	require.NoError(t, b.rows.mark(b.ctx, b.pool, mark))
-	from, _, err = b.rows.window(b.ctx, b.pool, time.Minute, 30*time.Second)
+	require.NoError(t, b.store.MarkScanned(b.ctx, mark))
+	from, _, err = b.store.ScanWindow(b.ctx, time.Minute, 30*time.Second)
 	require.NoError(t, err)
 	require.True(t, from.Equal(mark.Add(-30*time.Second)), "from %v, mark %v", from, mark)
 }
 
 // Postponed rows: listed once their time has come on the database clock,
 // while in progress (however old), in the order it came; never as new rows.
-func TestRowsPostponed(t *testing.T) {
+func TestBacklogPostponed(t *testing.T) {
 	b := setupRows(t)
-	var ds []dueRow
+	var ds []durable.Due
 	for _, key := range []string{"a", "b", "c", "d"} {
-		ds = append(ds, dueRow{Scope: "user-1", Key: key, Owner: b.claim(t, key)})
+		ds = append(ds, durable.Due{Scope: "user-1", Key: key, Owner: b.claim(t, key)})
 		b.age(t, key, "10 minutes")
 	}
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[0], 3, time.Hour))
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[1], 1, 0))
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, ds[2], 1, 0))
+	require.NoError(t, b.store.Postpone(b.ctx, ds[0], 3, time.Hour))
+	require.NoError(t, b.store.Postpone(b.ctx, ds[1], 1, 0))
+	require.NoError(t, b.store.Postpone(b.ctx, ds[2], 1, 0))
 	attempts, after, inFuture := b.state(t, "a")
 	require.Equal(t, 3, attempts)
 	require.NotNil(t, after)
@@ -215,12 +216,12 @@ func TestRowsPostponed(t *testing.T) {
 }
 
 // Postpone acts on the listed claim only: another owner, a finished, missing
-// or released row is gone; an old one is not.
-func TestRowsPostpone(t *testing.T) {
+// or released row is refused, each with its error; an old one is not.
+func TestBacklogPostpone(t *testing.T) {
 	b := setupRows(t)
 	owner := b.claim(t, "key-1")
-	d := dueRow{Scope: "user-1", Key: "key-1", Owner: owner}
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, d, 1, 0))
+	d := durable.Due{Scope: "user-1", Key: "key-1", Owner: owner}
+	require.NoError(t, b.store.Postpone(b.ctx, d, 1, 0))
 	attempts, after, inFuture := b.state(t, "key-1")
 	require.Equal(t, 1, attempts)
 	require.NotNil(t, after)
@@ -228,26 +229,26 @@ func TestRowsPostpone(t *testing.T) {
 
 	other := d
 	other.Owner = idem.Token{9}
-	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, other, 2, time.Minute), errGone)
+	require.ErrorIs(t, b.store.Postpone(b.ctx, other, 2, time.Minute), idem.ErrNotOwner)
 	missing := d
 	missing.Key = "nope"
-	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, missing, 2, time.Minute), errGone)
+	require.ErrorIs(t, b.store.Postpone(b.ctx, missing, 2, time.Minute), idem.ErrNotFound)
 	require.NoError(t, b.store.Complete(b.ctx, "user-1", "key-1", owner, idem.Response{Status: 201}))
-	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, d, 2, time.Minute), errGone)
+	require.ErrorIs(t, b.store.Postpone(b.ctx, d, 2, time.Minute), idem.ErrCompleted)
 
-	q := dueRow{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}
+	q := durable.Due{Scope: "user-1", Key: "key-2", Owner: b.claim(t, "key-2")}
 	b.age(t, "key-2", "25 hours")
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, q, 1, time.Minute), "a row in progress never expires")
+	require.NoError(t, b.store.Postpone(b.ctx, q, 1, time.Minute), "a row in progress never expires")
 	require.NoError(t, b.store.Release(b.ctx, "user-1", "key-2", q.Owner))
-	require.ErrorIs(t, b.rows.postponeKey(b.ctx, b.pool, q, 2, time.Minute), errGone, "a released row")
+	require.ErrorIs(t, b.store.Postpone(b.ctx, q, 2, time.Minute), idem.ErrNotFound, "a released row")
 }
 
 // The next attempt that takes over a released row does not inherit the
 // backoff of the old one.
 func TestTakeoverResetsReconcileState(t *testing.T) {
 	b := setupRows(t)
-	old := dueRow{Scope: "user-1", Key: "key-1", Owner: b.claim(t, "key-1")}
-	require.NoError(t, b.rows.postponeKey(b.ctx, b.pool, old, 7, 48*time.Hour))
+	old := durable.Due{Scope: "user-1", Key: "key-1", Owner: b.claim(t, "key-1")}
+	require.NoError(t, b.store.Postpone(b.ctx, old, 7, 48*time.Hour))
 	require.NoError(t, b.store.Release(b.ctx, "user-1", "key-1", old.Owner))
 
 	next := b.claim(t, "key-1")
@@ -260,55 +261,4 @@ func TestTakeoverResetsReconcileState(t *testing.T) {
 	require.Equal(t, []string{"key-1"}, keysOf(ds))
 	require.Equal(t, next, ds[0].Owner)
 	require.Empty(t, b.listPostponed(t))
-}
-
-// TestRowsPlans loads a day of keys (1% in progress, a few postponed),
-// ANALYZEs them, and checks with EXPLAIN, under custom and generic plans,
-// that the scan of new rows reads the created_at index over its window and
-// the postponed listing reads the partial index on reconcile_after: neither
-// reads the whole table.
-func TestRowsPlans(t *testing.T) {
-	b := setupRows(t)
-	tbl := b.store.Table()
-	_, err := b.pool.Exec(b.ctx, `
-INSERT INTO `+tbl+` (user_id, key, request_hash, owner_token, created_at,
-	response_status, response_headers, response_body, completed_at, reconcile_after)
-SELECT 'user-' || (g % 1000), 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'),
-	now() - (g % 86000) * interval '1 second',
-	CASE WHEN g % 100 = 0 THEN NULL ELSE 201 END, CASE WHEN g % 100 = 0 THEN NULL ELSE '{}'::jsonb END,
-	CASE WHEN g % 100 = 0 THEN NULL ELSE '\x7b7d'::bytea END,
-	CASE WHEN g % 100 = 0 THEN NULL ELSE now() - (g % 86000) * interval '1 second' END,
-	CASE WHEN g % 1000 = 0 THEN now() + interval '1 minute' END
-FROM generate_series(1, 50000) AS g`)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `ANALYZE `+tbl)
-	require.NoError(t, err)
-	from := time.Now().Add(-3 * time.Minute)
-	name := strings.Trim(strings.Split(tbl, ".")[1], `"`)
-	for label, st := range map[string]struct {
-		sql   string
-		args  []any
-		index string
-	}{
-		// (_pN: the index of each partition, on the partitioned layout.)
-		"new":       {b.rows.listNewSQL, []any{from, "", "", time.Now().Add(-time.Minute), 100}, name + `(_p\d+)?_created_at_idx`},
-		"postponed": {b.rows.listPostponedSQL, []any{100}, name + `(_p\d+)?_reconcile_after_idx`},
-	} {
-		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-			t.Run(label+"/"+mode, func(t *testing.T) {
-				tx, err := b.pool.Begin(b.ctx)
-				require.NoError(t, err)
-				defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
-				_, err = tx.Exec(b.ctx, "SET LOCAL plan_cache_mode = "+mode)
-				require.NoError(t, err)
-				rs, err := tx.Query(b.ctx, "EXPLAIN "+st.sql, st.args...)
-				require.NoError(t, err)
-				lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
-				require.NoError(t, err)
-				plan := strings.Join(lines, "\n")
-				require.Regexp(t, "Index Scan using "+st.index, plan)
-				require.NotContains(t, plan, "Seq Scan", plan)
-			})
-		}
-	}
 }
