@@ -16,25 +16,23 @@ import (
 // after a fallback, or on the read path. A claim that finds a row replaces
 // the lease with what the row says.
 func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease leaseFunc) (Response, Outcome, error) {
-	// The execution is made before the claim: it holds the claim's context
-	// too, so that a first execution allocates once for both.
-	x := &execution{g: g, req: req, owner: newToken()}
+	owner := newToken()
+	// t0 is when the claim was sent: the row's TTL counts down from it.
 	t0 := time.Now()
-	x.claimBound.start(ctx, t0.Add(g.storeTimeout))
-	rec, claimed, err := g.store.Claim(&x.claimBound, ClaimParams{
+	cctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
+	rec, claimed, err := g.store.Claim(cctx, ClaimParams{
 		// No Intent: a new key's intent is its first owner token, which
 		// keeps the row as narrow as before (the store writes no intent
 		// then); every later attempt gets an owner token of its own and
 		// keeps the intent.
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: x.owner,
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner,
 		Hold: g.MaxHold(),
 	})
-	now := time.Now()
-	x.claimBound.endAt(now)
+	cancel()
 	g.tel.since(ctx, phaseClaim, t0)
 	if err != nil {
 		if ambiguous(err) {
-			g.giveBack(ctx, req, x.owner)
+			g.giveBack(ctx, req, owner)
 		}
 		return g.storeFailed(ctx, req, "claim", err)
 	}
@@ -50,8 +48,7 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 		}
 		return resp, out, err
 	}
-	x.intent, x.attempt = rec.Intent, rec.Attempt
-	x.expires, x.claimed = t0.Add(rec.TTL), now
+	x := &execution{g: g, req: req, owner: owner, intent: rec.Intent, attempt: rec.Attempt, expires: t0.Add(rec.TTL)}
 	return x.run(ctx, work)
 }
 
@@ -72,10 +69,9 @@ const giveBackTimeout = time.Second
 // never ran, so nothing happened. When the claim did not commit there is
 // nothing of this owner's to release, and the store says so.
 func (g *Guard) giveBack(ctx context.Context, req Request, owner Token) {
-	rctx := new(bounded)
-	rctx.start(context.WithoutCancel(ctx), time.Now().Add(min(g.storeTimeout, giveBackTimeout)))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.storeTimeout, giveBackTimeout))
 	err := g.store.Release(rctx, req.Scope, req.Key, owner)
-	rctx.end()
+	cancel()
 	switch {
 	case err == nil:
 		g.tel.add(ctx, evReleased)

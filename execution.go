@@ -10,6 +10,8 @@ import (
 	"time"
 )
 
+// executionKey is the context key under which the work's context carries
+// its execution.
 type executionKey struct{}
 
 func executionFrom(ctx context.Context) *execution {
@@ -26,34 +28,13 @@ type execution struct {
 	intent    Token       // the row's intent, kept across releases
 	attempt   int         // which attempt of the intent: 1, 2, ...
 	expires   time.Time   // when the claimed row expires in the store, on the local monotonic clock
-	claimed   time.Time   // when the claim returned (local clock): the work's deadline counts from here
+	claimed   time.Time   // when the work started, right after the claim (local clock): its deadline counts from here
 	retrySafe atomic.Bool // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
 	// whether that transaction committed is checked after the work.
 	joined atomic.Pointer[Response]
 	stored []string // middleware: the header allowlist, applied by Complete
-
-	// parent is the context the work's context derives from: an execution
-	// is itself the context.Context that carries it (like the standard
-	// library's value contexts), which saves an allocation per request. It
-	// is set by run and lives only as long as the work.
-	parent context.Context
-
-	// The contexts of the claim and of the work, embedded so that they
-	// cost no allocation of their own; each lives only as long as its call.
-	claimBound bounded
-	workBound  bounded
-}
-
-func (x *execution) Deadline() (time.Time, bool) { return x.parent.Deadline() }
-func (x *execution) Done() <-chan struct{}       { return x.parent.Done() }
-func (x *execution) Err() error                  { return x.parent.Err() }
-func (x *execution) Value(k any) any {
-	if _, ok := k.(executionKey); ok {
-		return x
-	}
-	return x.parent.Value(k)
 }
 
 type disp int
@@ -82,25 +63,26 @@ func disposition(resp Response, err error) disp {
 // within MaxHold: a context-respecting handler needs a moment to unwind.
 const overrunGrace = time.Second
 
-// run runs the work under the claim and records what it answered.
+// run runs the work under the claim, with a context that carries the
+// execution and ends WorkTimeout from now, and records what it answered.
 func (x *execution) run(ctx context.Context, work Work) (Response, Outcome, error) {
-	x.parent = ctx
+	parent := ctx
 	if x.g.detach {
-		x.parent = context.WithoutCancel(ctx)
+		parent = context.WithoutCancel(ctx)
 	}
-	x.workBound.start(x, x.claimed.Add(x.g.workTimeout))
+	x.claimed = time.Now()
+	wctx, cancel := context.WithDeadline(context.WithValue(parent, executionKey{}, x), x.claimed.Add(x.g.workTimeout))
 	returned := false
 	defer func() {
 		if !returned {
+			cancel()
 			x.panicked(ctx)
-			x.workBound.end()
 		}
 	}()
-	resp, err := work(&x.workBound)
+	resp, err := work(wctx)
 	returned = true
-	now := time.Now()
-	x.workBound.endAt(now)
-	return x.finish(ctx, now, resp, err)
+	cancel()
+	return x.finish(ctx, resp, err)
 }
 
 // panicked leaves the key in progress: the panic may have come after a side
@@ -116,9 +98,9 @@ func (x *execution) panicked(ctx context.Context) {
 		slog.String("key_hash", keyHash(x.req)))
 }
 
-// finish records what the work answered; now is the time it returned.
-func (x *execution) finish(ctx context.Context, now time.Time, resp Response, err error) (Response, Outcome, error) {
-	if took := now.Sub(x.claimed); took > x.g.workTimeout+overrunGrace {
+// finish records what the work answered, once it has returned.
+func (x *execution) finish(ctx context.Context, resp Response, err error) (Response, Outcome, error) {
+	if took := time.Since(x.claimed); took > x.g.workTimeout+overrunGrace {
 		x.g.tel.add(ctx, evOverrun)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: work ran past its deadline; a reconciler may have acted on its key meanwhile",
 			slog.String("key_hash", keyHash(x.req)), slog.Duration("took", took), slog.Duration("work_timeout", x.g.workTimeout))
@@ -142,7 +124,7 @@ func (x *execution) finish(ctx context.Context, now time.Time, resp Response, er
 		}
 		return resp, OutcomeExecutedPending, err
 	}
-	if werr := x.write(ctx, resp, now); werr != nil {
+	if werr := x.write(ctx, resp); werr != nil {
 		x.g.tel.add(ctx, evPending)
 		if errors.Is(werr, ErrInvalid) {
 			// The answer cannot be stored as it is (a header value that
@@ -171,9 +153,9 @@ func (x *execution) answered(ctx context.Context, a Response) {
 // reconciler can tell, so the key stays in progress (or is released if the
 // work said nothing happened).
 func (x *execution) finishJoined(ctx context.Context, resp Response, err error, joined Response, d disp) (Response, Outcome, error) {
-	sctx := x.g.storeContext(ctx)
+	sctx, cancel := x.g.storeContext(ctx)
 	rec, gerr := x.g.store.Get(sctx, x.req.Scope, x.req.Key)
-	sctx.end()
+	cancel()
 	switch {
 	case gerr == nil && rec.Owner == x.owner && rec.Answer != nil:
 		if !joined.Equal(resp) {
@@ -224,21 +206,18 @@ func storeRetryPauses() (d time.Duration) {
 // write stores the answer on the claimed row, owner-checked. A write whose
 // reply was lost is retried, and the store reports a retry that finds the
 // same answer already written by the same owner as success. A failure leaves
-// the key in progress; it is logged here. now is the time the work returned,
-// from which the first attempt's StoreTimeout counts.
-func (x *execution) write(ctx context.Context, a Response, now time.Time) error {
+// the key in progress; it is logged here.
+func (x *execution) write(ctx context.Context, a Response) error {
 	var err error
 	for i := range storeAttempts {
 		if i > 0 {
-			t := time.NewTimer(storeRetryPause[i-1])
-			<-t.C // the caller's cancellation does not stop the answer being stored
-			now = time.Now()
+			time.Sleep(storeRetryPause[i-1]) // the caller's cancellation does not stop the answer being stored
 		}
-		sctx := x.g.storeContextAt(ctx, now)
+		sctx, cancel := x.g.storeContext(ctx)
 		t0 := x.g.tel.start()
 		err = x.g.store.Complete(sctx, x.req.Scope, x.req.Key, x.owner, a)
 		x.g.tel.since(ctx, phaseStore, t0)
-		sctx.end()
+		cancel()
 		switch {
 		case err == nil:
 			return nil
@@ -273,9 +252,9 @@ func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 // runs, as the next attempt of the same intent) and, in hybrid mode, deletes
 // the key's lease, so that the retry is not refused from it.
 func (x *execution) release(ctx context.Context) {
-	sctx := x.g.storeContext(ctx)
+	sctx, cancel := x.g.storeContext(ctx)
 	err := x.g.store.Release(sctx, x.req.Scope, x.req.Key, x.owner)
-	sctx.end()
+	cancel()
 	if err != nil {
 		x.g.tel.add(ctx, evStoreError)
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",

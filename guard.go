@@ -436,17 +436,9 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 
 // storeContext is the context of a store call made on behalf of a request
 // that may already have been cancelled: the answer must still be written.
-// It is bounded by StoreTimeout from now; end it when the call returns.
-func (g *Guard) storeContext(ctx context.Context) *bounded {
-	return g.storeContextAt(ctx, time.Now())
-}
-
-// storeContextAt is storeContext for a caller that has just read the clock:
-// the call is bounded by StoreTimeout from now.
-func (g *Guard) storeContextAt(ctx context.Context, now time.Time) *bounded {
-	c := new(bounded)
-	c.start(context.WithoutCancel(ctx), now.Add(g.storeTimeout))
-	return c
+// It is bounded by StoreTimeout from now; cancel it when the call returns.
+func (g *Guard) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
 }
 
 // MaxHold is the longest a request keeps its key in progress, measured on
