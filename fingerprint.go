@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"hash"
 	"io"
-	"sync"
 )
 
 // Fingerprint is the SHA-256 digest that tells a retry (same key, same
@@ -40,32 +39,8 @@ func HashParts(parts ...[]byte) Fingerprint {
 // target (the escaped path with the raw query, as in the request line) and
 // the exact body bytes the client sent. It is HashParts(method, target, body).
 func HashRequest(method, target string, body []byte) Fingerprint {
-	d := digests.Get().(*digest)
-	defer digests.Put(d)
-	d.h.Reset()
-	b := append(d.buf[:0], fingerprintDomain...)
-	b = binary.BigEndian.AppendUint64(b, 3)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(method)))
-	b = append(b, method...)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(target)))
-	b = append(b, target...)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
-	d.h.Write(b)
-	d.h.Write(body)
-	d.h.Sum(d.sum[:0])
-	return d.sum
+	return HashParts([]byte(method), []byte(target), body)
 }
-
-// digest is a SHA-256 state with the buffers HashRequest writes through it:
-// a slice passed to hash.Hash escapes, so buffers on the stack would cost
-// two allocations per request.
-type digest struct {
-	h   hash.Hash
-	buf [256]byte // the encoding up to the body; a longer target grows a copy
-	sum Fingerprint
-}
-
-var digests = sync.Pool{New: func() any { return &digest{h: sha256.New()} }}
 
 func writeLen(h hash.Hash, n int) {
 	var b [8]byte
