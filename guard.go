@@ -257,8 +257,8 @@ func (g *Guard) Strategy() Strategy {
 //   - OutcomeExecutedPending: the work ran and its answer is not stored (a
 //     5xx, an error, an answer that could not be written): the key stays in
 //     progress until it is settled. err is the work's own error, if any, or
-//     one wrapping ErrInvalid when the answer cannot be stored as
-//     it is (a header value that is not valid UTF-8).
+//     one wrapping ErrInvalid when the answer cannot be stored as it is (a
+//     header value that is not valid UTF-8).
 //   - OutcomeExecutedReleased: the work ran and said nothing happened; the
 //     key was released. err is the work's own error, if any (ErrRetrySafe
 //     when it returned that).
@@ -459,15 +459,15 @@ func (g *Guard) MaxHold() time.Duration {
 // Settle stores the final answer of a key left in progress (by a 5xx, an
 // error, a crash), so that its next retry is replayed resp. In the hybrid
 // strategy the key's lease then holds a copy of it, read back from the row.
-// Use it once the real outcome is known, and only once the attempt's execution has ended
-// (the row's HoldUntil has passed; a reconciler waits for it). It acts only
-// on the attempt whose owner token is owner (the row's Owner, as the store's
-// Get returns it; a reconciler passes the one it listed): a key released and
-// claimed again meanwhile is another attempt, and Settle then returns
-// ErrNotOwner and changes nothing. It returns ErrNotFound
-// when no live row exists (or it was released) and ErrCompleted when
-// the key already has another answer; settling the same answer twice is not
-// an error. resp must be storable (100-499 but 429).
+// Use it once the real outcome is known, and only once the attempt's
+// execution has ended (the row's HoldUntil has passed; a reconciler waits for
+// it). It acts only on the attempt whose owner token is owner (the row's
+// Owner, as the store's Get returns it; a reconciler passes the one it
+// listed): a key released and claimed again meanwhile is another attempt, and
+// Settle then returns ErrNotOwner and changes nothing. It returns ErrNotFound
+// when no live row exists (or it was released) and ErrCompleted when the key
+// already has another answer; settling the same answer twice is not an
+// error. resp must be storable (100-499 but 429).
 func (g *Guard) Settle(ctx context.Context, scope, key string, owner Token, resp Response) error {
 	if disposition(resp, nil) != dispStore {
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
@@ -486,13 +486,12 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner Token, resp
 
 // Release releases a key left in progress, declaring that its attempt had no
 // effect: the next retry runs the work, as the next attempt of the same
-// intent (the same Token, so the same DeriveID names and DownstreamKey),
-// and the same key with another request is still refused (ErrKeyReused).
-// Like Settle it acts only on the attempt of owner (ErrNotOwner
-// otherwise), returns ErrNotFound when no live row exists or it was
-// released already, and ErrCompleted when the key has an answer,
-// which is never released. In the hybrid strategy the key's lease is deleted
-// too.
+// intent (the same intent Token, so the same DeriveID names and
+// DownstreamKey), and the same key with another request is still refused
+// (ErrKeyReused). Like Settle it acts only on the attempt of owner
+// (ErrNotOwner otherwise), returns ErrNotFound when no live row exists or it
+// was released already, and ErrCompleted when the key has an answer, which
+// is never released. In the hybrid strategy the key's lease is deleted too.
 func (g *Guard) Release(ctx context.Context, scope, key string, owner Token) error {
 	if err := g.store.Release(ctx, scope, key, owner); err != nil {
 		return fmt.Errorf("idem: release: %w", err)

@@ -106,8 +106,9 @@ func RequestFromContext(ctx context.Context) (Request, bool) {
 }
 
 // IntentFromContext returns the intent of the guarded execution that ctx
-// belongs to (see [Token]). Handlers derive the identifiers of what they create from it
-// with DeriveID; it is the same in every attempt of the intent.
+// belongs to (see [Token]). Handlers derive the identifiers of what they
+// create from it with DeriveID; it is the same in every attempt of the
+// intent.
 func IntentFromContext(ctx context.Context) (Token, bool) {
 	x := executionFrom(ctx)
 	if x == nil {

@@ -66,9 +66,9 @@ type ClaimParams struct {
 	// Intent is a fresh random token for the key's intent, used when the
 	// claim creates the key's row or takes over an expired one; a claim
 	// that takes over a released row keeps that row's intent. Zero (the
-	// Guard's choice): Owner is used, and stored as no intent_id at all,
-	// which keeps the row as narrow as before migration 0005 and the
-	// answer write HOT; the next attempt's owner differs all the same.
+	// Guard's choice): Owner is the intent, which lets a store keep no
+	// separate copy of it (durable.Store's rows stay narrow and its answer
+	// write HOT); the next attempt's owner differs all the same.
 	Intent Token
 	// Hold is how long the claimer's execution may hold the key (the
 	// Guard's MaxHold): the row's HoldUntil is the store's now plus Hold,

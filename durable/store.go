@@ -113,7 +113,7 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // when no schema is configured.
 func (s *Store) Table() string { return s.table }
 
-// checkClaim reports a idem.ClaimParams the table cannot take.
+// checkClaim reports the first field of p that the table cannot take.
 func checkClaim(op string, p *idem.ClaimParams) error {
 	if err := checkText(op, "scope", p.Scope); err != nil {
 		return err
@@ -204,9 +204,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 }
 
 // Get returns the live row of a key: in progress (however old) or answered.
-// It returns idem.ErrNotFound when there is none, when the row was released (no
-// claim holds it: the next Claim takes it over) or when it has expired (even
-// if not yet swept).
+// It returns idem.ErrNotFound when there is none, when the row was released
+// (no claim holds it: the next Claim takes it over) or when it has expired
+// (even if not yet swept).
 func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	return s.get(ctx, "get", scope, key)
 }
@@ -224,9 +224,9 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 
 // Complete stores the answer of the in-progress row that owner claimed and
 // sets its completed_at to now(). It is one statement when it succeeds. When
-// nothing was updated, one more statement tells why: idem.ErrNotFound (no live
-// row), idem.ErrNotOwner (the row belongs to another owner, finished or not) or
-// idem.ErrCompleted (the owner's row already has another answer).
+// nothing was updated, one more statement tells why: idem.ErrNotFound (no
+// live row), idem.ErrNotOwner (the row belongs to another owner, finished or
+// not) or idem.ErrCompleted (the owner's row already has another answer).
 //
 // Unless Config.SynchronousAnswers is set, a Complete that is its own
 // transaction (not through [Store.WithDB]) returns once its commit is in
@@ -280,9 +280,9 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Toke
 // same fingerprint wins, as the next attempt of the same intent (Get reports
 // the key not found meanwhile); a Claim with another fingerprint still finds
 // the row and is refused. The row expires retention after its release. It is
-// one statement when it succeeds; otherwise one more tells idem.ErrNotFound (also
-// for a row already released), idem.ErrNotOwner and idem.ErrCompleted apart, as for
-// [Store.Complete].
+// one statement when it succeeds; otherwise one more tells idem.ErrNotFound
+// (also for a row already released), idem.ErrNotOwner and idem.ErrCompleted
+// apart, as for [Store.Complete].
 func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
