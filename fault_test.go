@@ -1091,20 +1091,21 @@ func TestFaultPartialPartition(t *testing.T) {
 	f.log(t)
 }
 
-// Redis busy: a lock client whose pool (one connection, 120ms each way)
-// cannot serve the load within the lock's 500ms timeout, then a 700ms stall
-// of every connection. SET NX times out, the request falls back to the table
-// claim while the lease holder may still run the work, and the claim refuses
-// it.
+// Redis busy: a lock client of one connection whose every exchange takes
+// longer than the lock's 500ms timeout (300ms each way), then a 700ms stall
+// of every connection. The lease script times out, the request falls back to
+// the table claim while the lease holder may still run the work, and the
+// claim refuses it. (A one-connection pool no longer runs out by itself: the
+// Locker's commands share one exchange at a time, in one pipeline.)
 func TestFaultRedisBusy(t *testing.T) {
 	heavy.Gate(t) // the fault suite: seconds of load per scenario
-	for _, fault := range []string{"pool-exhausted", "stall-700ms"} {
+	for _, fault := range []string{"slower-than-timeout", "stall-700ms"} {
 		t.Run("fault="+fault, func(t *testing.T) {
 			pool, dbcfg := sharedPG(t)
 			proxy := faultproxy.Start(t, testredis.Addr())
 			opts := &redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
 				DialerRetries: 1, DialTimeout: 250 * time.Millisecond}
-			if fault == "pool-exhausted" {
+			if fault == "slower-than-timeout" {
 				opts.PoolSize = 1
 			}
 			c := redis.NewClient(opts)
@@ -1113,8 +1114,8 @@ func TestFaultRedisBusy(t *testing.T) {
 				leaseTTL: redisLeaseTTL, workTO: redisWorkTimeout})
 			all, recovered := r.load(8, 2500*time.Millisecond, markSlow, func() {
 				time.Sleep(500 * time.Millisecond)
-				if fault == "pool-exhausted" {
-					proxy.SetLatency(120 * time.Millisecond)
+				if fault == "slower-than-timeout" {
+					proxy.SetLatency(300 * time.Millisecond)
 					time.Sleep(1200 * time.Millisecond)
 					proxy.SetLatency(0)
 					return
@@ -1125,7 +1126,7 @@ func TestFaultRedisBusy(t *testing.T) {
 			})
 			f := figures{scenario: "redis-" + fault, strategy: "hybrid", faults: 1, recovered: recovered}
 			r.finish(t, &f, all, faultLeaseTTL+time.Second)
-			require.NotZero(t, f.fallbacks, "SET NX timed out and fell back to the table claim")
+			require.NotZero(t, f.fallbacks, "the lease script timed out and fell back to the table claim")
 			r.fresh(t)
 			f.log(t)
 		})
