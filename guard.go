@@ -421,7 +421,7 @@ func (g *Guard) remember(req Request, resp Response, expires time.Time) {
 
 func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
 	if cerr := ctx.Err(); cerr != nil {
-		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(cerr, err))
+		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, cerr, err)
 	}
 	if errors.Is(err, ErrInvalid) {
 		// Do validates every field first, so this is a store with stricter
@@ -431,7 +431,7 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 	g.tel.add(ctx, evStoreError)
 	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
 		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
-	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(ErrUnavailable, err))
+	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
 }
 
 // storeContext is the context of a store call made on behalf of a request

@@ -323,6 +323,9 @@ func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFu
 // result wraps ctx.Err() and not ErrUnavailable: Redis was not at fault.
 func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) { // go-redis returned ctx's own error: say it once
+			return fmt.Errorf("lock: %s: %w", op, err)
+		}
 		return fmt.Errorf("lock: %s: %w: %w", op, cerr, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
