@@ -3,7 +3,7 @@ package idem
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"sync/atomic"
 	"time"
 
@@ -175,13 +175,15 @@ func newToken() Token {
 	return t
 }
 
-// KeyHash identifies an intent in logs without revealing the key: the first
-// 8 bytes of SHA-256 over the length-prefixed scope and key, in hex. Every
-// log line of the guard carries it as "key_hash"; compute it for a known
-// key to find its lines.
+// KeyHash names the intent (scope, key) without revealing the key: the
+// unpadded base64url of HashParts(scope, key), 43 characters. It is the one
+// hash of (scope, key) of the module: every log line of the guard, the
+// reconciler and grpcidem carries it as "key_hash", package lock's Redis key
+// holds it, and durable's notifications name the key by it. Compute it for a
+// known key to find its lines and its lease.
 func KeyHash(scope, key string) string {
 	fp := HashParts([]byte(scope), []byte(key))
-	return hex.EncodeToString(fp[:8])
+	return base64.RawURLEncoding.EncodeToString(fp[:])
 }
 
 func keyHash(req Request) string { return KeyHash(req.Scope, req.Key) }

@@ -103,3 +103,10 @@ func TestLockKey(t *testing.T) {
 	require.NotEqual(t, a, lockKey(&Config{Schema: "a", Table: "c"}))
 	require.NotEqual(t, a, lockKey(&Config{Schema: "ab", Table: ""}))
 }
+
+// TestKeyTagIsKeyHash: a notification names its key by the module's one hash
+// of (scope, key), the key_hash of the log lines.
+func TestKeyTagIsKeyHash(t *testing.T) {
+	require.Equal(t, idem.KeyHash("user-1", "key-1"), keyTag("user-1", "key-1"))
+	require.NotEqual(t, keyTag("user-1", "key-1"), keyTag("user-1k", "ey-1"))
+}

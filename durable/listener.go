@@ -3,7 +3,6 @@ package durable
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem"
 )
 
 // channelOf is the notification channel of a table (quoted, qualified name):
@@ -23,18 +24,9 @@ func channelOf(table string) string {
 	return "idem_" + hex.EncodeToString(sum[:8])
 }
 
-// keyTag names a key in a notification without revealing it: 16 hex digits
-// of the SHA-256 of the length-prefixed scope and key.
-func keyTag(scope, key string) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
-}
+// keyTag names a key in a notification without revealing it:
+// idem.KeyHash, the key_hash of the log lines.
+func keyTag(scope, key string) string { return idem.KeyHash(scope, key) }
 
 // Listener wakes the requests that wait for a key's answer (idem's
 // Config.Waiter; *Listener implements idem.Waiter). It holds one PostgreSQL

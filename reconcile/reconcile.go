@@ -539,7 +539,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
 func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
-	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
+	log := r.cfg.Logger.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
 	if !d.Ended {
 		// The execution that holds the key may still run (a Guard with a
 		// longer MaxHold claimed it): leave it alone until its deadline.
@@ -711,6 +711,3 @@ func gone(err error) bool {
 	return errors.Is(err, idem.ErrCompleted) || errors.Is(err, idem.ErrNotFound) ||
 		errors.Is(err, idem.ErrNotOwner)
 }
-
-// keyHash is the Guard's, so lines of both can be matched.
-func keyHash(scope, key string) string { return idem.KeyHash(scope, key) }
