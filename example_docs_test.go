@@ -240,7 +240,7 @@ func ExampleGuard_Do_outcomes() {
 	// ack 200 paid
 	// ack 200 paid
 	// dead letter (idempotency-key-reused)
-	// redeliver now (executed_pending)
+	// redeliver now (executed_unstored)
 	// redeliver later (request-in-progress)
 	// redeliver later (request-pending)
 	// dead letter (unauthenticated)

@@ -265,7 +265,7 @@ func (r *rig) register(in *intent) {
 }
 
 // work is the guarded operation: a charge that takes faultWorkTime and
-// honours its deadline (cut: nothing charged, 504, the key stays pending).
+// honours its deadline (cut: nothing charged, 504, the key stays in progress).
 func (r *rig) work(ctx context.Context, in *intent) idem.Response {
 	in.mu.Lock()
 	n := len(in.execs)

@@ -107,7 +107,7 @@ type Config struct {
 	Logger *slog.Logger
 	// MeterProvider, when set, receives the guard's metrics through the
 	// OpenTelemetry metric API: the counter "idem.events" by event
-	// (executed, executed_pending, released, replayed, in_progress,
+	// (executed, executed_unstored, released, replayed, in_progress,
 	// key_reused, key_missing, key_invalid, settled, fallback, store_error,
 	// double_execution, answer_mismatch, overrun, cache_hit, waited,
 	// wait_timeout, wait_refused, lease_answered) and the histogram
@@ -254,7 +254,7 @@ func (g *Guard) Strategy() Strategy {
 // Outcome says which; read it first:
 //
 //   - OutcomeExecuted: the work ran and its answer is stored. err is nil.
-//   - OutcomeExecutedPending: the work ran and its answer is not stored (a
+//   - OutcomeExecutedUnstored: the work ran and its answer is not stored (a
 //     5xx, an error, an answer that could not be written): the key stays in
 //     progress until it is settled. err is the work's own error, if any, or
 //     one wrapping ErrInvalid when the answer cannot be stored as it is (a

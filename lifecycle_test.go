@@ -127,7 +127,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 				default:
 					_, out, err := b.guard.Do(ctx, r, c.work(http.StatusGatewayTimeout))
 					require.NoError(t, err)
-					require.Equal(t, idem.OutcomeExecutedPending, out)
+					require.Equal(t, idem.OutcomeExecutedUnstored, out)
 				}
 
 				if seq == "settled just before expiry" {
@@ -267,7 +267,7 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrKeyReused)
 
 		_, out, _ = b.guard.Do(ctx, r, work(http.StatusGatewayTimeout))
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		// A reconciler finds nothing happened and releases the attempt.
 		var items []reconcile.Item
 		rec, err := reconcile.New(b.guard, b.store, b.pool, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {

@@ -327,7 +327,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return rec.result()
 	}, m.doOpts...)
 	switch out {
-	case OutcomeExecuted, OutcomeExecutedPending, OutcomeExecutedReleased:
+	case OutcomeExecuted, OutcomeExecutedUnstored, OutcomeExecutedReleased:
 		// The answer is stored (or known not to be): now the client gets
 		// it. What was stored wins over what the handler wrote.
 		var stored Response

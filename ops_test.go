@@ -190,7 +190,7 @@ func TestTransactionalJoin(t *testing.T) {
 		// is in progress.
 		r2 := req("u", newKey(), "y")
 		_, out, _ = b.guard.Do(ctx, r2, work(false, http.StatusInternalServerError))
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		require.Equal(t, 1, count())
 		_, out, err = b.guard.Do(ctx, r2, nil2xx(t))
 		require.ErrorIs(t, err, idem.ErrInProgress)
@@ -203,7 +203,7 @@ func TestTransactionalJoin(t *testing.T) {
 		resp4, out, err := b.guard.Do(ctx, r4, work(false, http.StatusCreated))
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, resp4.Status)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		_, out, err = b.guard.Do(ctx, r4, nil2xx(t))
 		require.ErrorIs(t, err, idem.ErrInProgress, "the rolled-back 201 must not be replayed")
 		require.Equal(t, idem.OutcomeInProgress, out)

@@ -15,12 +15,13 @@ const (
 	// OutcomeExecuted: the work ran and its answer is stored; every retry
 	// with the same key and fingerprint is replayed this answer.
 	OutcomeExecuted
-	// OutcomeExecutedPending: the work ran but its answer is not stored: it
+	// OutcomeExecutedUnstored: the work ran but its answer is not stored: it
 	// was a 5xx or an error ("we don't know yet"), or storing it failed. The
-	// key stays in progress, so retries get ErrInProgress until the key is
-	// settled ([Guard.Settle]) or released ([Guard.Release]); it never
-	// expires meanwhile.
-	OutcomeExecutedPending
+	// key stays in progress, so retries get ErrInProgress, then ErrPending
+	// once it waits for reconciliation, until the key is settled
+	// ([Guard.Settle]) or released ([Guard.Release]); it never expires
+	// meanwhile. ("Pending" always means that wait, never this outcome.)
+	OutcomeExecutedUnstored
 	// OutcomeExecutedReleased: the work ran and declared that nothing
 	// happened (a 429, [MarkRetrySafe], or an error wrapping [ErrRetrySafe]);
 	// the key was released and the next retry runs the work again.
@@ -40,7 +41,7 @@ const (
 var outcomeNames = [...]string{
 	OutcomeNone:             "none",
 	OutcomeExecuted:         "executed",
-	OutcomeExecutedPending:  "executed_pending",
+	OutcomeExecutedUnstored: "executed_unstored",
 	OutcomeExecutedReleased: "executed_released",
 	OutcomeReplayed:         "replayed",
 	OutcomeInProgress:       "in_progress",
@@ -57,7 +58,7 @@ func (o Outcome) String() string {
 
 // Executed reports whether the work ran for this request.
 func (o Outcome) Executed() bool {
-	return o == OutcomeExecuted || o == OutcomeExecutedPending || o == OutcomeExecutedReleased
+	return o == OutcomeExecuted || o == OutcomeExecutedUnstored || o == OutcomeExecutedReleased
 }
 
 // Errors returned by Guard.Do and the middleware's helpers. Compare with

@@ -15,7 +15,7 @@ import (
 // grows.
 type Stats struct {
 	Executed         uint64 // work ran, answer stored
-	Pending          uint64 // work ran, answer unknown or not stored: key left in progress
+	Unstored         uint64 // work ran, answer unknown or not stored: key left in progress
 	Released         uint64 // keys released: work declared nothing happened, or Guard.Release
 	Replayed         uint64 // stored answer returned (from the store or the cache)
 	InProgress       uint64 // refused with ErrInProgress
@@ -40,7 +40,7 @@ type event int
 
 const (
 	evExecuted event = iota
-	evPending
+	evUnstored
 	evReleased
 	evReplayed
 	evInProgress
@@ -62,7 +62,7 @@ const (
 )
 
 var eventNames = [numEvents]string{
-	evExecuted: "executed", evPending: "executed_pending", evReleased: "released",
+	evExecuted: "executed", evUnstored: "executed_unstored", evReleased: "released",
 	evReplayed: "replayed", evInProgress: "in_progress", evKeyReused: "key_reused",
 	evKeyMissing: "key_missing", evKeyInvalid: "key_invalid", evSettled: "settled",
 	evFallback: "fallback", evStoreError: "store_error",
@@ -158,7 +158,7 @@ func (t *telemetry) since(ctx context.Context, p phase, start time.Time) {
 func (g *Guard) Stats() Stats {
 	c := &g.tel.counts
 	return Stats{
-		Executed: c[evExecuted].Load(), Pending: c[evPending].Load(), Released: c[evReleased].Load(),
+		Executed: c[evExecuted].Load(), Unstored: c[evUnstored].Load(), Released: c[evReleased].Load(),
 		Replayed: c[evReplayed].Load(), InProgress: c[evInProgress].Load(), KeyReused: c[evKeyReused].Load(),
 		KeyMissing: c[evKeyMissing].Load(), KeyInvalid: c[evKeyInvalid].Load(),
 		Settled: c[evSettled].Load(), Fallbacks: c[evFallback].Load(), StoreErrors: c[evStoreError].Load(),

@@ -176,7 +176,7 @@ func TestNoWaitForPendingKeys(t *testing.T) {
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	_, out, _ := b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 	_, err := b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", r.Key)
 	require.NoError(t, err)
 	start := time.Now()

@@ -202,7 +202,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	switch outcome {
 	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
 		return out, herr
-	case idem.OutcomeExecutedPending:
+	case idem.OutcomeExecutedUnstored:
 		if err != nil && !errors.Is(err, errNotFinal) {
 			// Not a choice of the handler: an answer it meant as final
 			// could not be stored.

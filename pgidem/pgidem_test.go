@@ -157,7 +157,7 @@ func forEachRedis(t *testing.T, fn func(t *testing.T, withRedis bool)) {
 }
 
 // TestRunSettlesAndSweeps: the reconciler and the sweeper that Run starts
-// settle a key a 504 left pending (a retry then replays the real answer) and
+// settle a key a 504 left in progress (a retry then replays the real answer) and
 // delete a row past its retention.
 func TestRunSettlesAndSweeps(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, withRedis bool) {

@@ -122,6 +122,6 @@ func ExampleNew() {
 	}
 	fmt.Println("retry:", resp.Status, out, resp.Header.Get("Location") != "")
 	// Output:
-	// request: 504 executed_pending
+	// request: 504 executed_unstored
 	// retry: 201 replayed true
 }

@@ -96,7 +96,7 @@ func ExampleReconciler_RunOnce() {
 	fmt.Println("retry:", resp.Status, out, string(resp.Body))
 
 	// Output:
-	// first try: 504 executed_pending
+	// first try: 504 executed_unstored
 	// retry: idem: request in progress
 	// reconciled: {Settled:1 Released:0 Unknown:0 Skipped:0 Errors:0}
 	// retry: 201 replayed {"order":"A1"}

@@ -195,7 +195,7 @@ func (b *bundle) timedOut(t *testing.T, req idem.Request) {
 	w := &work{resp: idem.Response{Status: http.StatusGatewayTimeout}}
 	_, out, err := b.guard.Do(b.ctx, req, w.do)
 	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 
 	_, out, err = b.guard.Do(b.ctx, req, w.do)
 	require.ErrorIs(t, err, idem.ErrInProgress)
