@@ -120,7 +120,7 @@ func TestClassify(t *testing.T) {
 func TestMiddlewareAgreesWithClassify(t *testing.T) {
 	g := &Guard{log: slog.New(slog.DiscardHandler)}
 	for hname, hints := range hintSets {
-		m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, WithRetryHints(hints))(nil).(*middleware)
+		m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, &MiddlewareConfig{RetryHints: hints})(nil).(*middleware)
 		for _, tc := range classifyCases() {
 			if tc.slug == "" {
 				continue // answered: the middleware sends the answer

@@ -84,7 +84,7 @@ func ExampleGuard_Middleware() {
 	scope := func(r *http.Request) (string, bool) {
 		return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	srv := httptest.NewServer(guard.Middleware(scope)(orders))
+	srv := httptest.NewServer(guard.Middleware(scope, nil)(orders))
 	defer srv.Close()
 
 	post := func(key, body string) {

@@ -127,7 +127,7 @@ type Config struct {
 	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
 	CacheTTL time.Duration
 	// Waiter, when set, lets requests that find their key in progress wait
-	// for its answer (WaitFor, WithWait) instead of being refused with 409.
+	// for its answer (WaitFor, MiddlewareConfig.Wait) instead of being refused with 409.
 	// The store must announce answers (durable.Config.Notify) on every
 	// instance. Defaults to nil: no request waits.
 	Waiter Waiter
@@ -143,18 +143,6 @@ const (
 	defaultWorkTimeout  = 20 * time.Second
 	defaultCacheTTL     = time.Minute
 	defaultMaxWaiters   = 1024
-)
-
-// Strategy names how a Guard decides who runs.
-type Strategy string
-
-// The strategies, as Guard.Strategy reports them.
-const (
-	// StrategyTable: the durable claim alone decides who runs.
-	StrategyTable Strategy = "table"
-	// StrategyHybrid: a lease (Config.Lock) filters retries before the
-	// same durable claim.
-	StrategyHybrid Strategy = "hybrid"
 )
 
 // Guard runs work at most once per (scope, key). It is safe for concurrent use
@@ -241,12 +229,14 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	return g, nil
 }
 
-// Strategy reports the guard's strategy.
-func (g *Guard) Strategy() Strategy {
+// Strategy reports how the guard decides who runs: "table" (the durable
+// claim alone) or "hybrid" (a lease, Config.Lock, filters retries before the
+// same durable claim).
+func (g *Guard) Strategy() string {
 	if g.lock != nil {
-		return StrategyHybrid
+		return "hybrid"
 	}
-	return StrategyTable
+	return "table"
 }
 
 // Do runs work at most once for req's (Scope, Key) and returns its answer, or
@@ -319,7 +309,7 @@ func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d 
 // WaitFor with a positive bound on a Guard without Config.Waiter, which
 // would refuse every retry of a running key at once instead of waiting.
 // Transports check their options with it when they are built (the HTTP
-// middleware's WithWait, grpcidem's WithWait); so can a queue consumer.
+// middleware's MiddlewareConfig.Wait, grpcidem's WithWait); so can a queue consumer.
 func (g *Guard) CheckOptions(opts ...DoOption) error {
 	if o := collect(opts); o.wait > 0 && g.waiter == nil {
 		return fmt.Errorf("idem: waiting up to %v (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once", o.wait)

@@ -525,8 +525,8 @@ func TestExpiredKeyIsNewIntent(t *testing.T) {
 		r := req("u", newKey(), "x")
 		var intents []idem.Token
 		work := func(ctx context.Context) (idem.Response, error) {
-			id, ok := idem.IntentFromContext(ctx)
-			require.True(t, ok)
+			id := idem.ExecutionFromContext(ctx).Intent
+			require.NotZero(t, id)
 			intents = append(intents, id)
 			return created(idem.DeriveID("ord_", "order", id)), nil
 		}
@@ -818,7 +818,7 @@ func TestNewValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.WorkTimeout")
 	g, err := idem.New(b.store, nil)
 	require.NoError(t, err)
-	require.Equal(t, idem.StrategyTable, g.Strategy())
+	require.Equal(t, "table", g.Strategy())
 	_, _, err = g.Do(context.Background(), req("u", "k", "x"), nil)
 	require.Error(t, err)
 

@@ -53,7 +53,7 @@ func (c *checkout) order(intent idem.Token) idem.Response {
 // the charge), or panics after the charge when status is 0 (a crash).
 func (c *checkout) work(status int) idem.Work {
 	return func(ctx context.Context) (idem.Response, error) {
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		c.charges.Add(1)
 		c.mu.Lock()
 		if c.charged == nil {
@@ -247,10 +247,9 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		var runs []seen
 		work := func(status int) idem.Work {
 			return func(ctx context.Context) (idem.Response, error) {
-				intent, ok := idem.IntentFromContext(ctx)
-				require.True(t, ok)
-				attempt, ok := idem.AttemptFromContext(ctx)
-				require.True(t, ok)
+				x := idem.ExecutionFromContext(ctx)
+				intent, attempt := x.Intent, x.Attempt
+				require.NotZero(t, attempt)
 				runs = append(runs, seen{intent, attempt})
 				if status == http.StatusCreated {
 					return created(idem.DeriveID("ord_", "order", intent)), nil

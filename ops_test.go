@@ -156,8 +156,8 @@ func TestTransactionalJoin(t *testing.T) {
 		}
 		work := func(commit bool, status int) idem.Work {
 			return func(ctx context.Context) (idem.Response, error) {
-				intent, ok := idem.IntentFromContext(ctx)
-				require.True(t, ok)
+				intent := idem.ExecutionFromContext(ctx).Intent
+				require.NotZero(t, intent)
 				id := idem.DeriveID("ord_", "order", intent)
 				tx, err := b.pool.Begin(ctx)
 				require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestMiddlewareTransactionalJoin(t *testing.T) {
 			http.Error(w, "db", http.StatusServiceUnavailable)
 			return
 		}
-		idem.WriteResponse(w, resp)
+		resp.Write(w)
 	})
 	hb = setupHTTP(t, "table", handler)
 	key := newKey()

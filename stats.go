@@ -97,12 +97,6 @@ type telemetry struct {
 	phOpts  [numPhases]metric.RecordOption
 }
 
-// Instrument names, for dashboards.
-const (
-	MetricEvents = "idem.events"         // counter; attribute "event": executed, replayed, in_progress, ...
-	MetricPhase  = "idem.phase.duration" // histogram in seconds; attribute "phase": lock, claim, read, store, lease
-)
-
 func (t *telemetry) init(mp metric.MeterProvider) error {
 	if mp == nil {
 		return nil

@@ -107,7 +107,7 @@ type interceptor struct {
 // metadata ("idempotency-key": exactly one value of 1 to 255 characters of
 // printable ASCII, no comma, no leading or trailing space) and fingerprints
 // the full method name with the request message (see Fingerprint). The
-// handler receives the guard's work context: idem.IntentFromContext,
+// handler receives the guard's work context: idem.ExecutionFromContext,
 // idem.MarkRetrySafe and grpc.SetHeader work on it.
 //
 // The handler's result decides what retries get (the package documentation

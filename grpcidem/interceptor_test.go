@@ -302,7 +302,7 @@ func TestInternalLeavesKeyInProgressUntilSettled(t *testing.T) {
 	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
 		runs.Add(1)
-		id, _ := idem.IntentFromContext(ctx) // the handler runs in the guard's work context
+		id := idem.ExecutionFromContext(ctx).Intent // the handler runs in the guard's work context
 		intents <- id
 		return nil, status.Error(codes.Internal, "provider timed out")
 	}
@@ -412,7 +412,7 @@ func TestHybridStrategy(t *testing.T) {
 	locker, err := lock.New(rdb, nil)
 	require.NoError(t, err)
 	g := newGuard(t, db, &idem.Config{Lock: locker})
-	require.Equal(t, idem.StrategyHybrid, g.Strategy())
+	require.Equal(t, "hybrid", g.Strategy())
 	var c counter
 	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
 	key := newKey()
@@ -512,7 +512,7 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 	g := newGuard(t, db, nil)
 	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
-		id, _ := idem.IntentFromContext(ctx)
+		id := idem.ExecutionFromContext(ctx).Intent
 		intents <- id
 		return nil, status.Error(codes.Internal, "boom")
 	}

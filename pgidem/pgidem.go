@@ -7,7 +7,7 @@
 //	svc, err := pgidem.New(pool, rdb, resolve, nil) // rdb nil: the table strategy
 //	if err != nil { ... }
 //	go svc.Run(ctx) // on every instance: one at a time reconciles and sweeps
-//	mux.Handle("POST /orders", svc.Middleware(scope)(createOrder))
+//	mux.Handle("POST /orders", svc.Middleware(scope, nil)(createOrder))
 //
 // It replaces wiring by hand: durable.New, lock.New, idem.New,
 // durable.NewListener, reconcile.New and durable.NewSweeper, and a goroutine
@@ -92,7 +92,7 @@ type Config struct {
 	// Wait, when positive, lets a retry that finds its key running wait up
 	// to Wait for the answer instead of being refused with 409: New gives
 	// the Guard a Waiter, Run keeps a Listener (one connection of the pool)
-	// behind it, and Service.Middleware waits (idem.WithWait; callers of
+	// behind it, and Service.Middleware waits (idem.MiddlewareConfig.Wait; callers of
 	// Guard.Do pass idem.WaitFor(Wait)). It needs Store.Notify on every
 	// instance that writes the table, and must be shorter than the Guard's
 	// MaxHold. Keep it below the client's own timeout. Defaults to 0: no
@@ -252,15 +252,27 @@ func (s *Service) Guard() *idem.Guard { return s.guard }
 // (grpcidem.WithRetryHints).
 func (s *Service) RetryHints() idem.RetryHints { return s.hints }
 
-// Middleware is Guard().Middleware with the Service's RetryHints and, with
-// Config.Wait, idem.WithWait(Config.Wait) applied first; opts come after them
-// and may override them. See idem.Guard.Middleware.
-func (s *Service) Middleware(scope idem.ScopeFunc, opts ...idem.Option) func(http.Handler) http.Handler {
-	all := []idem.Option{idem.WithRetryHints(s.hints)}
-	if s.wait > 0 {
-		all = append(all, idem.WithWait(s.wait))
+// Middleware is Guard().Middleware with cfg, whose zero RetryHints fields
+// and zero Wait take the Service's: its RetryHints and Config.Wait. A nil cfg
+// is valid. See idem.Guard.Middleware.
+func (s *Service) Middleware(scope idem.ScopeFunc, cfg *idem.MiddlewareConfig) func(http.Handler) http.Handler {
+	var c idem.MiddlewareConfig
+	if cfg != nil {
+		c = *cfg
 	}
-	return s.guard.Middleware(scope, append(all, opts...)...)
+	if c.RetryHints.InProgress == 0 {
+		c.RetryHints.InProgress = s.hints.InProgress
+	}
+	if c.RetryHints.Pending == 0 {
+		c.RetryHints.Pending = s.hints.Pending
+	}
+	if c.RetryHints.Unavailable == 0 {
+		c.RetryHints.Unavailable = s.hints.Unavailable
+	}
+	if c.Wait == 0 {
+		c.Wait = s.wait
+	}
+	return s.guard.Middleware(scope, &c)
 }
 
 // Run runs the reconciler, the sweeper and, with Config.Wait, the Listener,

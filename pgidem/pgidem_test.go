@@ -180,12 +180,12 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 		svc, err := pgidem.New(b.pool, b.rdb, resolve, cfg)
 		require.NoError(t, err)
 		if withRedis {
-			require.Equal(t, idem.StrategyHybrid, svc.Guard().Strategy())
+			require.Equal(t, "hybrid", svc.Guard().Strategy())
 		} else {
-			require.Equal(t, idem.StrategyTable, svc.Guard().Strategy())
+			require.Equal(t, "table", svc.Guard().Strategy())
 		}
 		var runs atomic.Int32
-		h := svc.Middleware(bearer)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := svc.Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			http.Error(w, "payment timed out", http.StatusGatewayTimeout)
 		}))

@@ -128,12 +128,12 @@ type Item struct {
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint idem.Fingerprint
 	// Intent is the key's intent (see idem.Token), the one its work saw
-	// through idem.IntentFromContext, the same in every attempt: derive
+	// through idem.ExecutionFromContext, the same in every attempt: derive
 	// from it (idem.DeriveID) the names of what the work created, to look
 	// them up.
 	Intent idem.Token
 	// Attempt is which attempt of the intent left the key in progress (1,
-	// then one more per release), as idem.AttemptFromContext told its work.
+	// then one more per release), as idem.ExecutionFromContext told its work.
 	// Names derived per attempt are to be looked up for every attempt up to
 	// this one.
 	Attempt int
