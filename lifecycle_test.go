@@ -149,7 +149,9 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					for range 3 {
 						ageKey(t, b.pool, b.store, r.Key, "10 hours")
 						retry()
-						n, err := b.store.Sweep(ctx)
+						sw, err := durable.NewSweeper(b.store, b.pool, nil)
+						require.NoError(t, err)
+						n, err := sw.SweepOnce(ctx)
 						require.NoError(t, err)
 						require.Zero(t, n, "a key in progress is never swept")
 					}

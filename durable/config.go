@@ -15,9 +15,6 @@ const (
 	DefaultTable = "idempotency_keys"
 	// DefaultRetention is how long a key lives when Config.Retention is 0.
 	DefaultRetention = 24 * time.Hour
-	// DefaultSweepBatchSize is the number of rows [Store.Sweep] deletes per
-	// statement when Config.SweepBatchSize is 0.
-	DefaultSweepBatchSize = 1000
 	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
 	DefaultAdmissionWait = time.Second
 )
@@ -55,16 +52,10 @@ type Config struct {
 	// Retention is how long a key lives, measured on the database clock
 	// from the row's created_at. An expired row is invisible to every call
 	// and is taken over by the next Claim of its key, even before
-	// Sweep deletes it. It is passed to SQL in whole microseconds.
+	// a [Sweeper] deletes it. It is passed to SQL in whole microseconds.
 	//
 	// Defaults to 24h.
 	Retention time.Duration
-
-	// SweepBatchSize is the number of expired rows one DELETE of
-	// [Store.Sweep] removes, which bounds how long it holds row locks.
-	//
-	// Defaults to 1000.
-	SweepBatchSize int
 
 	// Notify makes Complete and Release announce the key on the table's
 	// notification channel (pg_notify, in the same statement, so at the
@@ -141,9 +132,6 @@ func (cfg *Config) withDefaults() (Config, error) {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.SweepBatchSize == 0 {
-		c.SweepBatchSize = DefaultSweepBatchSize
-	}
 	if c.AdmissionWait == 0 {
 		c.AdmissionWait = DefaultAdmissionWait
 	}
@@ -173,9 +161,6 @@ func (c *Config) validate() error {
 	}
 	if c.AdmissionWait < 0 {
 		return fmt.Errorf("durable: Config.AdmissionWait: must not be negative, got %v", c.AdmissionWait)
-	}
-	if c.SweepBatchSize < 1 {
-		return fmt.Errorf("durable: Config.SweepBatchSize: must be positive, got %d", c.SweepBatchSize)
 	}
 	return nil
 }

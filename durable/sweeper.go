@@ -21,6 +21,7 @@ var ErrLocked = errors.New("durable: another instance holds the lease")
 // Defaults of [SweeperConfig].
 const (
 	DefaultSweepInterval     = time.Hour
+	DefaultSweepBatchSize    = 1000
 	DefaultSweepBatchPause   = 10 * time.Millisecond
 	DefaultSweepBatchTimeout = 30 * time.Second
 )
@@ -33,7 +34,7 @@ type SweeperConfig struct {
 	Interval time.Duration
 	// BatchSize is the number of expired rows one DELETE removes: the bound
 	// on how many row locks one statement holds, and for how long. Defaults
-	// to the store's Config.SweepBatchSize (1000 by default).
+	// to 1000.
 	BatchSize int
 	// BatchPause is slept between two batches of one run, to leave the
 	// database's CPU and I/O to the requests being served while a large
@@ -108,7 +109,7 @@ func NewSweeper(store *Store, db DB, cfg *SweeperConfig) (*Sweeper, error) {
 		c.Interval = DefaultSweepInterval
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = store.cfg.SweepBatchSize
+		c.BatchSize = DefaultSweepBatchSize
 	}
 	if c.BatchPause == 0 {
 		c.BatchPause = DefaultSweepBatchPause
@@ -158,7 +159,8 @@ func (sw *Sweeper) Run(ctx context.Context) error {
 	return nil
 }
 
-// SweepOnce runs one sweep, for tests and for cron-style use: it takes the
+// SweepOnce runs one sweep, for tests and for cron-style use (the only way to
+// sweep outside Run): it takes the
 // table's sweep lease and, when it gets it, deletes expired rows in batches
 // of BatchSize (one statement each, with BatchPause between them) until a
 // batch deletes fewer than BatchSize rows, renewing the lease meanwhile. It

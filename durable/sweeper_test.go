@@ -53,7 +53,7 @@ func newSweeper(t *testing.T, b *bundle, cfg durable.SweeperConfig) (*durable.Sw
 }
 
 func TestSweeperDeletesOnlyExpiredRows(t *testing.T) {
-	b := setup(t, &durable.Config{SweepBatchSize: 1000})
+	b := setup(t, nil)
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 2500, "25 hours")
 	seedAged(t, b.ctx, b.pool, b.store, "live", 10, "23 hours")
 	done := params(t, "live", "done", "a")
