@@ -349,7 +349,7 @@ func ExampleMiddlewareConfig_wait() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	listener, err := durable.NewListener(ctx, store, pool, nil) // one LISTEN connection per process
+	listener, err := durable.NewListener(ctx, store, pool) // one LISTEN connection per process
 	if err != nil {
 		log.Fatal(err)
 	}

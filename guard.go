@@ -102,8 +102,10 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Logger receives one line per decision worth a human's attention
 	// (fallback to the table claim, store failure, an answer written that
-	// differs from the one joined). Keys are logged as a short hash (see
-	// KeyHash), never in clear. Defaults to slog.Default().
+	// differs from the one joined). Keys are logged as a hash (see
+	// KeyHash), never in clear. It is also the logger of the reconciler
+	// and of grpcidem's interceptor built over the Guard (Guard.Logger).
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 	// MeterProvider, when set, receives the guard's metrics through the
 	// OpenTelemetry metric API: the counter "idem.events" by event
@@ -228,6 +230,11 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	}
 	return g, nil
 }
+
+// Logger returns the Guard's Config.Logger (slog.Default() when unset): the
+// one logger of the parts built around the Guard (the reconciler, grpcidem's
+// interceptor, and what pgidem wires).
+func (g *Guard) Logger() *slog.Logger { return g.log }
 
 // Strategy reports how the guard decides who runs: "table" (the durable
 // claim alone) or "hybrid" (a lease, Config.Lock, filters retries before the

@@ -101,7 +101,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 				ctx := t.Context()
 				var c checkout
 				var down atomic.Bool
-				rec, err := reconcile.New(b.guard, b.store, b.pool, c.resolve(&down), &reconcile.Config{Logger: quietLogger()})
+				rec, err := reconcile.New(b.guard, b.store, b.pool, c.resolve(&down), nil)
 				require.NoError(t, err)
 				r := req("u", newKey(), `{"hold_ids":[7],"payment_method":"pm_timeout"}`)
 				var finals []idem.Response
@@ -189,7 +189,7 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 		rec, err := reconcile.New(short, b.store, b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			resolved.Add(1)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil // as a lookup finds no charge yet
-		}, &reconcile.Config{MinAge: short.MaxHold() + 100*time.Millisecond, Logger: quietLogger()})
+		}, &reconcile.Config{MinAge: short.MaxHold() + 100*time.Millisecond})
 		require.NoError(t, err)
 
 		r := req("u", newKey(), "refund")
@@ -274,7 +274,7 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		rec, err := reconcile.New(b.guard, b.store, b.pool, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
 			items = append(items, it)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
-		}, &reconcile.Config{Logger: quietLogger()})
+		}, nil)
 		require.NoError(t, err)
 		ageKey(t, b.pool, b.store, r.Key, "2 minutes")
 		res, err := rec.RunOnce(ctx)

@@ -3,6 +3,7 @@ package durable
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"time"
 
@@ -109,6 +110,16 @@ type Config struct {
 	//
 	// At most 1024. Defaults to 0: one plain table.
 	Partitions int
+
+	// Logger is the logger of the store's background parts: a [Sweeper]
+	// logs one line per run (Info when rows were deleted, Debug when there
+	// was nothing to do or another instance held the lease, Error when the
+	// run failed), a [Listener] its lost and regained connections. Give it
+	// the Guard's (idem.Config.Logger), as pgidem does. Migrate does not
+	// read it.
+	//
+	// Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Validate reports whether cfg (nil is valid) would be accepted by New and
@@ -134,6 +145,9 @@ func (cfg *Config) withDefaults() (Config, error) {
 	}
 	if c.AdmissionWait == 0 {
 		c.AdmissionWait = DefaultAdmissionWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c, c.validate()
 }

@@ -65,22 +65,19 @@ type Acquirer interface {
 
 // NewListener starts listening for the announcements of store's table on a
 // connection taken from pool (taken for good: the pool has one connection
-// fewer while the Listener runs). A nil logger uses slog.Default(). It
+// fewer while the Listener runs). It logs to the store's Config.Logger. It
 // returns once the first LISTEN has gone through, so every announcement made
 // after it returns reaches the subscribers of its key, or an error (wrapping
 // ctx's) when that did not happen before ctx ended.
-func NewListener(ctx context.Context, store *Store, pool Acquirer, logger *slog.Logger) (*Listener, error) {
+func NewListener(ctx context.Context, store *Store, pool Acquirer) (*Listener, error) {
 	if store == nil || pool == nil {
 		return nil, errors.New("durable: NewListener needs a store and a pool")
-	}
-	if logger == nil {
-		logger = slog.Default()
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	l := &Listener{
 		pool:    pool,
 		channel: store.channel,
-		log:     logger,
+		log:     store.cfg.Logger,
 		subs:    map[string]map[*subscription]struct{}{},
 		stop:    stop,
 		done:    make(chan struct{}),

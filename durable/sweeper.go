@@ -45,10 +45,6 @@ type SweeperConfig struct {
 	// statement half-way; this timeout is what bounds it then. Defaults to
 	// 30s.
 	BatchTimeout time.Duration
-	// Logger receives one line per run: Info when rows were deleted, Debug
-	// when there was nothing to do or another instance held the lease,
-	// Error when the run failed. Defaults to slog.Default().
-	Logger *slog.Logger
 	// MeterProvider, when set, receives the sweeper's metrics through the
 	// OpenTelemetry metric API, for every run that obtained the lease (and
 	// every run that failed before it could): the counter
@@ -116,9 +112,6 @@ func NewSweeper(store *Store, db DB, cfg *SweeperConfig) (*Sweeper, error) {
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = DefaultSweepBatchTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	switch {
 	case c.Interval < 0:
@@ -199,7 +192,7 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 	})
 	took := time.Since(start)
 	if errors.Is(err, ErrLocked) {
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lease",
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lease",
 			slog.String("table", sw.store.Table()))
 		return 0, &opError{op: "sweep", kind: ErrLocked}
 	}
@@ -225,14 +218,14 @@ func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration
 	switch {
 	case err != nil && ctx.Err() != nil:
 		outcome = "stopped"
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
 	case err != nil:
 		outcome = "error"
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
 	case deleted > 0:
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
 	default:
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
 	}
 	sw.metrics.record(ctx, deleted, took, outcome)
 	if sw.cfg.OnSweep != nil {

@@ -44,9 +44,6 @@ func newSweeper(t *testing.T, b *bundle, cfg durable.SweeperConfig) (*durable.Sw
 	cfg.OnSweep = func(deleted int64, took time.Duration, err error) {
 		reports <- sweepReport{deleted, err}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
-	}
 	sw, err := durable.NewSweeper(b.store, b.pool, &cfg)
 	require.NoError(t, err)
 	return sw, reports

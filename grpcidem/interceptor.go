@@ -76,12 +76,6 @@ func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { i
 // waiting.
 func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
 
-// WithLogger sets where the interceptor logs what a client is not told (a
-// request it cannot fingerprint, a stored answer it cannot decode, an answer
-// not stored). The guard logs its own decisions to its Config.Logger.
-// Defaults to slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(ic *interceptor) { ic.log = l } }
-
 type interceptor struct {
 	g           *idem.Guard
 	scope       ScopeFunc
@@ -144,7 +138,7 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 		mdKey:       DefaultMetadataKey,
 		fingerprint: Fingerprint,
 		maxResp:     idem.DefaultMaxResponseBody,
-		log:         slog.Default(),
+		log:         g.Logger(), // what a client is not told: the Guard's Config.Logger
 	}
 	for _, o := range opts {
 		o(ic)
@@ -156,8 +150,6 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 		panic("grpcidem: WithFingerprint: nil function")
 	case ic.maxResp <= 0:
 		panic("grpcidem: WithMaxResponseSize: must be positive")
-	case ic.log == nil:
-		panic("grpcidem: WithLogger: nil logger")
 	}
 	if ic.wait > 0 {
 		ic.doOpts = []idem.DoOption{idem.WaitFor(ic.wait)}

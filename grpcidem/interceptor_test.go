@@ -389,14 +389,14 @@ func TestStoreUnavailable(t *testing.T) {
 	g, err := idem.New(store, &idem.Config{Logger: quiet, StoreTimeout: time.Second})
 	require.NoError(t, err)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet)), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
 
 	r := charge(t, conn, "user-1", newKey(), order(t, 42))
 	requireRetryDelay(t, 2*time.Second, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
 	require.NotContains(t, status.Convert(r.err).Message(), "127.0.0.1", "internal error text never reaches the client")
 
 	for _, hint := range []time.Duration{-1, 5 * time.Second} {
-		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet),
+		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata,
 			grpcidem.WithRetryHints(idem.RetryHints{Unavailable: hint})), c.handle)
 		r := charge(t, conn, "user-1", newKey(), order(t, 42))
 		requireRetryDelay(t, hint, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
@@ -473,7 +473,7 @@ func TestWithFingerprint(t *testing.T) {
 		return grpcidem.Fingerprint(method, s)
 	}
 	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithFingerprint(fp), grpcidem.WithLogger(quiet)), c.handle)
+		grpcidem.WithFingerprint(fp)), c.handle)
 	key := newKey()
 
 	req := order(t, 42)
@@ -496,7 +496,7 @@ func TestAnswerTooLargeIsDeliveredNotStored(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
 	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithMaxResponseSize(8), grpcidem.WithLogger(quiet)), c.handle)
+		grpcidem.WithMaxResponseSize(8)), c.handle)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -516,7 +516,7 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 		intents <- id
 		return nil, status.Error(codes.Internal, "boom")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet)), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
 	key := newKey()
 	require.Error(t, charge(t, conn, "user-1", key, order(t, 42)).err)
 

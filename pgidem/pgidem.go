@@ -34,9 +34,9 @@
 // # One Logger, one MeterProvider, one Retry-After
 //
 // The Guard's Logger and MeterProvider (Config.Guard) serve every part: the
-// Listener, the reconciler and the sweeper log to the same Logger unless
-// their own Config sets one, and their metrics come from the same
-// MeterProvider. The Retry-After of a key pending reconciliation
+// reconciler logs to the Guard's Logger, the Listener and the sweeper to the
+// store's Config.Logger, which defaults to the Guard's, and their metrics
+// come from the same MeterProvider. The Retry-After of a key pending reconciliation
 // ([Service.RetryHints]) is derived from the reconciler's settings, and
 // [Service.Middleware] sends it.
 package pgidem
@@ -78,14 +78,14 @@ type Config struct {
 	// Lock configures the Redis lease of the hybrid strategy; New refuses it
 	// without a Redis client. Defaults to lock's defaults (lock.Config).
 	Lock *lock.Config
-	// Reconcile configures the reconciler that Run starts. Its Logger
-	// defaults to the Guard's; its MeterProvider must be nil (the Guard's
+	// Reconcile configures the reconciler that Run starts; it logs to the
+	// Guard's Logger. Its MeterProvider must be nil (the Guard's
 	// is used). Its MinAge and Interval set the Retry-After of a key
 	// pending reconciliation (Service.RetryHints). Defaults to reconcile's
 	// defaults (reconcile.Config: every 30s, MinAge 1m).
 	Reconcile *reconcile.Config
-	// Sweep configures the expiry sweeper that Run starts. Its Logger
-	// defaults to the Guard's; its MeterProvider must be nil (the Guard's
+	// Sweep configures the expiry sweeper that Run starts; it logs to
+	// Store.Logger (the Guard's by default). Its MeterProvider must be nil (the Guard's
 	// is used). Defaults to durable's defaults (durable.SweeperConfig:
 	// hourly, in batches of 1000).
 	Sweep *durable.SweeperConfig
@@ -113,7 +113,6 @@ type Service struct {
 	waiter     *waiter // nil without Config.Wait
 	wait       time.Duration
 	hints      idem.RetryHints
-	log        *slog.Logger
 	ran        atomic.Bool
 }
 
@@ -166,11 +165,8 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve reconcile.Resolv
 		guardCfg.Logger = slog.Default()
 	}
 	log := guardCfg.Logger
-	if recCfg.Logger == nil {
-		recCfg.Logger = log
-	}
-	if sweepCfg.Logger == nil {
-		sweepCfg.Logger = log
+	if storeCfg.Logger == nil {
+		storeCfg.Logger = log // the Sweeper's and the Listener's
 	}
 	recCfg.MeterProvider = guardCfg.MeterProvider
 	sweepCfg.MeterProvider = guardCfg.MeterProvider
@@ -186,7 +182,7 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve reconcile.Resolv
 		}
 		guardCfg.Lock = locker
 	}
-	s := &Service{store: store, pool: pool, wait: c.Wait, log: log}
+	s := &Service{store: store, pool: pool, wait: c.Wait}
 	if c.Wait > 0 {
 		s.waiter = newWaiter()
 		guardCfg.Waiter = s.waiter
@@ -319,7 +315,7 @@ func (s *Service) Run(ctx context.Context) error {
 // listen keeps a Listener behind the Guard's Waiter until ctx ends.
 func (s *Service) listen(ctx context.Context) error {
 	defer s.waiter.stop()
-	l, err := durable.NewListener(ctx, s.store, s.pool, s.log)
+	l, err := durable.NewListener(ctx, s.store, s.pool)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it listened

@@ -73,8 +73,7 @@ func ExampleReconciler_RunOnce() {
 			Body:   []byte(`{"order":"A1"}`),
 		}}, nil
 	}, &reconcile.Config{
-		MinAge: time.Minute, // longer than the Guard's MaxHold (20s + 5s)
-		Logger: quiet,
+		MinAge: time.Minute, // longer than the Guard's MaxHold (20s + 5s); logs to the Guard's quiet Logger
 	})
 	if err != nil {
 		log.Fatal(err)

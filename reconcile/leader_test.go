@@ -44,7 +44,7 @@ func (f *fleet) instance(t *testing.T, resolve reconcile.ResolveFunc) (*bundle, 
 	require.NoError(t, err)
 	g, err := idem.New(store, &idem.Config{Logger: quiet(), WorkTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	rec, err := reconcile.New(g, store, pool, resolve, &reconcile.Config{Logger: quiet()})
+	rec, err := reconcile.New(g, store, pool, resolve, nil)
 	require.NoError(t, err)
 	return &bundle{ctx: f.ctx, guard: g, store: store, pool: f.direct, res: &resolver{}}, rec
 }

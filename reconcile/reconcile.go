@@ -168,6 +168,10 @@ type Guard interface {
 	Release(ctx context.Context, scope, key string, owner idem.Token) error
 	// MaxHold is the longest a running request keeps its key in progress.
 	MaxHold() time.Duration
+	// Logger is where the reconciler logs one line per action on a key
+	// (keys appear only as key_hash, idem.KeyHash) and one per run that did
+	// something: the Guard's Config.Logger.
+	Logger() *slog.Logger
 }
 
 // Store is the idempotency table a Reconciler works on. *durable.Store
@@ -252,10 +256,6 @@ type Config struct {
 	// reconciler that dies mid-run delays the next run on another instance
 	// by up to that (20s by default). Defaults to 5s.
 	StoreTimeout time.Duration
-	// Logger receives one line per action on a key (keys appear only as a
-	// short hash, key_hash, the same as the Guard's) and one per run that
-	// did something. Defaults to slog.Default().
-	Logger *slog.Logger
 	// MeterProvider, when set, receives the reconciler's metrics through
 	// the OpenTelemetry metric API, for every run that obtained the lease
 	// (and every run that failed before it could): the counter
@@ -303,6 +303,7 @@ type Reconciler struct {
 	store   Store
 	resolve ResolveFunc
 	cfg     Config
+	log     *slog.Logger // the Guard's
 	leader  *durable.Leader
 	loop    periodic.Runner
 	metrics metrics
@@ -342,9 +343,6 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 	def(&c.StoreTimeout, DefaultStoreTimeout)
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	for _, f := range []struct {
 		name string
@@ -388,6 +386,7 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		store:   store,
 		resolve: resolve,
 		cfg:     c,
+		log:     guard.Logger(),
 		leader:  leader,
 		metrics: m,
 	}, nil
@@ -429,7 +428,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	})
 	took := time.Since(start)
 	if errors.Is(err, durable.ErrLocked) {
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
+		r.log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
 			slog.String("table", r.store.Table()))
 		return res, ErrLocked
 	}
@@ -539,7 +538,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
 func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
-	log := r.cfg.Logger.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
+	log := r.log.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
 	if !d.Ended {
 		// The execution that holds the key may still run (a Guard with a
 		// longer MaxHold claimed it): leave it alone until its deadline.
@@ -690,14 +689,14 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 	switch {
 	case err != nil && ctx.Err() != nil:
 		outcome = "stopped"
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
 	case err != nil:
 		outcome = "error"
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
+		r.log.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
 	case res != (Result{}):
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
 	default:
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
 	}
 	r.metrics.record(ctx, res, took, outcome)
 	if r.cfg.OnResult != nil {

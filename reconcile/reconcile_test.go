@@ -69,15 +69,13 @@ func forEachStrategy(t *testing.T, fn func(t *testing.T, b *bundle)) {
 }
 
 // reconciler returns a Reconciler of b with the defaults (MinAge 1m,
-// backoff 30s doubling), a quiet logger, and cfg's fields where set.
+// backoff 30s doubling), and cfg's fields where set; it logs to the
+// Guard's quiet logger.
 func (b *bundle) reconciler(t *testing.T, cfg *reconcile.Config) *reconcile.Reconciler {
 	t.Helper()
 	var c reconcile.Config
 	if cfg != nil {
 		c = *cfg
-	}
-	if c.Logger == nil {
-		c.Logger = quiet()
 	}
 	r, err := reconcile.New(b.guard, b.store, b.pool, b.res.resolve, &c)
 	require.NoError(t, err)
