@@ -309,6 +309,23 @@ type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 
+// A MiddlewareConfig with a negative size or wait is a bug of the caller's:
+// Middleware panics, naming the field, as it does without a ScopeFunc.
+func TestMiddlewareConfigRefusesNegatives(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	for field, cfg := range map[string]*idem.MiddlewareConfig{
+		"MaxRequestBody":  {MaxRequestBody: -1},
+		"MaxResponseBody": {MaxResponseBody: -1},
+		"Wait":            {Wait: -time.Second},
+	} {
+		require.PanicsWithValue(t, "idem: MiddlewareConfig."+field+" "+map[string]string{
+			"MaxRequestBody": "-1", "MaxResponseBody": "-1", "Wait": "-1s"}[field]+" must not be negative",
+			func() { g.Middleware(bearerScope, cfg) }, field)
+	}
+	require.NotPanics(t, func() { g.Middleware(bearerScope, nil) })
+}
+
 func TestMiddlewareOptions(t *testing.T) {
 	var rendered []idem.Problem
 	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{
