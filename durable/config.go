@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Defaults of [Config].
+// Defaults of [Config] and [SweeperConfig].
 const (
 	// DefaultTable is the table name created by the migrations.
 	DefaultTable = "idempotency_keys"
@@ -18,6 +18,13 @@ const (
 	DefaultRetention = 24 * time.Hour
 	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
 	DefaultAdmissionWait = time.Second
+
+	// Defaults of [SweeperConfig].
+
+	DefaultSweepInterval     = time.Hour
+	DefaultSweepBatchSize    = 1000
+	DefaultSweepBatchPause   = 10 * time.Millisecond
+	DefaultSweepBatchTimeout = 30 * time.Second
 )
 
 // maxTableLen leaves room for the longest suffix the migrations append

@@ -12,20 +12,6 @@ import (
 	"github.com/idemguard/idem/internal/periodic"
 )
 
-// ErrLocked is returned by [Sweeper.SweepOnce] (and [Leader.Do]) when
-// another instance holds the table's lease of the job: it is sweeping right
-// now, so this round is skipped. It is a normal outcome when the sweeper
-// runs on every instance.
-var ErrLocked = errors.New("durable: another instance holds the lease")
-
-// Defaults of [SweeperConfig].
-const (
-	DefaultSweepInterval     = time.Hour
-	DefaultSweepBatchSize    = 1000
-	DefaultSweepBatchPause   = 10 * time.Millisecond
-	DefaultSweepBatchTimeout = 30 * time.Second
-)
-
 // SweeperConfig tunes a [Sweeper]. A nil *SweeperConfig is valid and gives
 // every default.
 type SweeperConfig struct {

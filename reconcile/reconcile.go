@@ -206,12 +206,6 @@ type Store interface {
 	Defer(ctx context.Context, d durable.Due) error
 }
 
-// ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
-// the table's reconcile lease: it is reconciling right now, and this round
-// is skipped. It is a normal outcome when a Reconciler runs on every
-// instance.
-var ErrLocked = errors.New("reconcile: another instance holds the lease")
-
 // Defaults of [Config].
 const (
 	DefaultInterval       = 30 * time.Second
@@ -416,8 +410,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 //
 // It returns what it did. The error is nil when the run went through, even
 // if some keys failed (they are counted in Result.Errors and logged); it
-// wraps [ErrLocked] when another instance holds the lease (nothing was
-// done), the context's error when ctx ended, durable.ErrLeaseLost when the
+// wraps durable.ErrLocked when another instance holds the table's reconcile
+// lease (it is reconciling right now: nothing was done, a normal outcome
+// when a Reconciler runs on every instance), the context's error when ctx ended, durable.ErrLeaseLost when the
 // lease could not be renewed (the run stopped, as if cancelled, before the
 // lease could expire), or the store's error when listing failed.
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
@@ -430,7 +425,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	if errors.Is(err, durable.ErrLocked) {
 		r.log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
 			slog.String("table", r.store.Table()))
-		return res, ErrLocked
+		return res, fmt.Errorf("reconcile: %w", err)
 	}
 	if err != nil {
 		err = fmt.Errorf("reconcile: %w", err)

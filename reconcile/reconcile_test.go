@@ -517,7 +517,7 @@ func TestOneReconcilerAtATime(t *testing.T) {
 	}()
 	<-inside
 	res, err := second.RunOnce(b.ctx)
-	require.ErrorIs(t, err, reconcile.ErrLocked)
+	require.ErrorIs(t, err, durable.ErrLocked)
 	require.Equal(t, reconcile.Result{}, res)
 	close(leave)
 	require.Equal(t, reconcile.Result{Released: 1}, <-done)
@@ -538,7 +538,7 @@ func TestOneReconcilerAtATime(t *testing.T) {
 		r := b.reconciler(t, nil)
 		wg.Go(func() {
 			res, err := r.RunOnce(b.ctx)
-			if err != nil && !errors.Is(err, reconcile.ErrLocked) {
+			if err != nil && !errors.Is(err, durable.ErrLocked) {
 				t.Error(err)
 			}
 			total.Add(int32(res.Released))
