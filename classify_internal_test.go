@@ -39,10 +39,10 @@ func classifyCases() []classifyCase {
 	}
 	return []classifyCase{
 		answered("executed", OutcomeExecuted, nil),
-		answered("executed pending, a 5xx", OutcomeExecutedUnstored, nil),
-		answered("executed pending, the work's error", OutcomeExecutedUnstored, errors.New("provider timeout")),
-		answered("executed pending, answer not storable", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w", ErrInvalid)),
-		answered("executed pending, answer write failed", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w: %w", ErrUnavailable, cause)),
+		answered("executed unstored, a 5xx", OutcomeExecutedUnstored, nil),
+		answered("executed unstored, the work's error", OutcomeExecutedUnstored, errors.New("provider timeout")),
+		answered("executed unstored, answer not storable", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w", ErrInvalid)),
+		answered("executed unstored, answer write failed", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w: %w", ErrUnavailable, cause)),
 		answered("executed released, 429", OutcomeExecutedReleased, nil),
 		answered("executed released, ErrRetrySafe", OutcomeExecutedReleased, fmt.Errorf("breaker open: %w", ErrRetrySafe)),
 		answered("replayed", OutcomeReplayed, nil),

@@ -23,7 +23,8 @@ import (
 type ScopeFunc func(r *http.Request) (scope string, ok bool)
 
 // MiddlewareConfig tunes [Guard.Middleware]. A nil *MiddlewareConfig is
-// valid: every default. A negative size is a panic of Middleware.
+// valid: every default. A zero field takes its default; a negative size or
+// Wait makes Middleware panic, naming the field.
 type MiddlewareConfig struct {
 	// Methods are the methods that are guarded; others pass through
 	// untouched. Defaults to POST and PATCH.

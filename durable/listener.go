@@ -94,7 +94,7 @@ func NewListener(ctx context.Context, store *Store, pool Acquirer) (*Listener, e
 }
 
 // Subscribe registers interest in the answer of (scope, key). The returned
-// channel receives (without blocking the Listener: one pending wake-up is
+// channel receives (without blocking the Listener: one queued wake-up is
 // kept) whenever the key is announced or announcements may have been missed.
 // Call cancel when done; it is safe to call more than once.
 func (l *Listener) Subscribe(scope, key string) (wake <-chan struct{}, cancel func()) {
@@ -143,7 +143,7 @@ func (l *Listener) wake(tag string) {
 		for s := range set {
 			select {
 			case s.ch <- struct{}{}:
-			default: // a wake-up is already pending
+			default: // a wake-up is already queued
 			}
 		}
 	}

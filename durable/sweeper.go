@@ -139,11 +139,10 @@ func (sw *Sweeper) Run(ctx context.Context) error {
 }
 
 // SweepOnce runs one sweep, for tests and for cron-style use (the only way to
-// sweep outside Run): it takes the
-// table's sweep lease and, when it gets it, deletes expired rows in batches
-// of BatchSize (one statement each, with BatchPause between them) until a
-// batch deletes fewer than BatchSize rows, renewing the lease meanwhile. It
-// returns how many rows it deleted.
+// sweep outside Run): it takes the table's sweep lease and, when it gets it,
+// deletes expired rows in batches of BatchSize (one statement each, with
+// BatchPause between them) until a batch deletes fewer than BatchSize rows,
+// renewing the lease meanwhile. It returns how many rows it deleted.
 //
 // When another instance holds the lease it returns 0 and an error wrapping
 // [ErrLocked] without deleting anything. When ctx ends, or the lease could
