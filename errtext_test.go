@@ -7,12 +7,15 @@ import (
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
+	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/idemtest"
 	"github.com/idemguard/idem/lock"
+	"github.com/idemguard/idem/reconcile"
 )
 
 // failingStore fails every claim with a driver-like error; with cancel set,
@@ -43,7 +46,8 @@ func requireOneLine(t *testing.T, name string, err error) {
 }
 
 // TestErrorsReadAsOneLine walks representative errors of the guard, its
-// store calls, the lease and the key parser.
+// store calls (in memory and over an unreachable PostgreSQL), the lease, the
+// key parser and the configs.
 func TestErrorsReadAsOneLine(t *testing.T) {
 	ctx := t.Context()
 	mem := idemtest.NewMemStore(nil)
@@ -73,6 +77,21 @@ func TestErrorsReadAsOneLine(t *testing.T) {
 	requireOneLine(t, "invalid key", err)
 	_, err = idem.New(mem, &idem.Config{WorkTimeout: -1})
 	requireOneLine(t, "config", err)
+
+	// PostgreSQL down: durable's error inside the guard's.
+	dead, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/idem?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(dead.Close)
+	pg, err := durable.New(dead, nil)
+	require.NoError(t, err)
+	pgGuard, err := idem.New(pg, nil)
+	require.NoError(t, err)
+	_, _, err = pgGuard.Do(ctx, req, work)
+	require.ErrorIs(t, err, idem.ErrUnavailable)
+	requireOneLine(t, "postgres down", err)
+	requireOneLine(t, "durable config", (&durable.Config{Table: "Bad-Name"}).Validate())
+	_, err = reconcile.New(nil, pg, dead, nil, nil)
+	requireOneLine(t, "reconcile config", err)
 
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
