@@ -129,9 +129,10 @@ type Config struct {
 	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
 	CacheTTL time.Duration
 	// Waiter, when set, lets requests that find their key in progress wait
-	// for its answer (WaitFor, MiddlewareConfig.Wait) instead of being refused with 409.
-	// The store must announce answers (durable.Config.Notify) on every
-	// instance. Defaults to nil: no request waits.
+	// for its answer (WaitFor, MiddlewareConfig.Wait) instead of being
+	// refused with 409. The store must announce answers
+	// (durable.Config.Notify) on every instance. Defaults to nil: no request
+	// waits.
 	Waiter Waiter
 	// MaxWaiters bounds how many requests wait at once on this Guard, so
 	// that a retry storm on a slow key cannot pile up; past it a request is
@@ -313,10 +314,10 @@ func collect(opts []DoOption) doOptions {
 func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d } }
 
 // CheckOptions reports an error when opts cannot do on g what they say: a
-// WaitFor with a positive bound on a Guard without Config.Waiter, which
-// would refuse every retry of a running key at once instead of waiting.
-// Transports check their options with it when they are built (the HTTP
-// middleware's MiddlewareConfig.Wait, grpcidem's WithWait); so can a queue consumer.
+// WaitFor with a positive bound on a Guard without Config.Waiter, which would
+// refuse every retry of a running key at once instead of waiting. Transports
+// check their options with it when they are built (the HTTP middleware's
+// MiddlewareConfig.Wait, grpcidem's WithWait); so can a queue consumer.
 func (g *Guard) CheckOptions(opts ...DoOption) error {
 	if o := collect(opts); o.wait > 0 && g.waiter == nil {
 		return fmt.Errorf("idem: waiting up to %v (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once", o.wait)

@@ -198,15 +198,16 @@ func newMiddleware(g *Guard, scope ScopeFunc, cfg *MiddlewareConfig) middleware 
 // for byte, plus "Idempotent-Replayed: true".
 //
 // Refusals are RFC 9457 problems: 400 for a missing or invalid key, a
-// repeated Authorization header or an unreadable body, 401 without a caller, 413 for an oversized body, 409 with
-// Retry-After while in progress (request-in-progress) or pending
-// reconciliation (request-pending), 422 for a reused key, 503 with
-// Retry-After when the store is unavailable (see MiddlewareConfig.RetryHints). Internal error text goes to the Guard's logger, never to the
-// client.
+// repeated Authorization header or an unreadable body, 401 without a caller,
+// 413 for an oversized body, 409 with Retry-After while in progress
+// (request-in-progress) or pending reconciliation (request-pending), 422 for
+// a reused key, 503 with Retry-After when the store is unavailable (see
+// MiddlewareConfig.RetryHints). Internal error text goes to the Guard's
+// logger, never to the client.
 //
-// Middleware panics if scope is nil, or if MiddlewareConfig.Wait asks a Guard without a
-// Config.Waiter to wait (see Guard.CheckOptions), or if cfg has a negative
-// size.
+// Middleware panics if scope is nil, or if MiddlewareConfig.Wait asks a Guard
+// without a Config.Waiter to wait (see Guard.CheckOptions), or if cfg has a
+// negative size or Wait.
 //
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
 // larger than the response limit is sent as it is produced and not stored.

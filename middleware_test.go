@@ -235,8 +235,8 @@ func TestMiddlewareRetryHints(t *testing.T) {
 	require.Empty(t, a.header.Values("Retry-After"))
 }
 
-// MiddlewareConfig.Fingerprint: a function that leaves out a tracking parameter makes a
-// retry with another value of it a replay, not a 422.
+// MiddlewareConfig.Fingerprint: a function that leaves out a tracking
+// parameter makes a retry with another value of it a replay, not a 422.
 func TestMiddlewareCustomFingerprint(t *testing.T) {
 	withoutTracking := func(r *http.Request, body []byte) idem.Fingerprint {
 		q := r.URL.Query()

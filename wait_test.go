@@ -232,9 +232,9 @@ func TestMiddlewareWait(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 }
 
-// MiddlewareConfig.Wait on a Guard without a Waiter is a misconfiguration: no request
-// could wait, every retry would get 409 at once. Middleware fails when it is
-// built, and CheckOptions says why, for Do's callers.
+// MiddlewareConfig.Wait on a Guard without a Waiter is a misconfiguration: no
+// request could wait, every retry would get 409 at once. Middleware fails
+// when it is built, and CheckOptions says why, for Do's callers.
 func TestWaitNeedsAWaiter(t *testing.T) {
 	const msg = "idem: waiting up to 5s (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once"
 	b := setup(t, "table")

@@ -36,9 +36,9 @@
 // The Guard's Logger and MeterProvider (Config.Guard) serve every part: the
 // reconciler logs to the Guard's Logger, the Listener and the sweeper to the
 // store's Config.Logger, which defaults to the Guard's, and their metrics
-// come from the same MeterProvider. The Retry-After of a key pending reconciliation
-// ([Service.RetryHints]) is derived from the reconciler's settings, and
-// [Service.Middleware] sends it.
+// come from the same MeterProvider. The Retry-After of a key pending
+// reconciliation ([Service.RetryHints]) is derived from the reconciler's
+// settings, and [Service.Middleware] sends it.
 package pgidem
 
 import (
@@ -85,18 +85,18 @@ type Config struct {
 	// defaults (reconcile.Config: every 30s, MinAge 1m).
 	Reconcile *reconcile.Config
 	// Sweep configures the expiry sweeper that Run starts; it logs to
-	// Store.Logger (the Guard's by default). Its MeterProvider must be nil (the Guard's
-	// is used). Defaults to durable's defaults (durable.SweeperConfig:
-	// hourly, in batches of 1000).
+	// Store.Logger (the Guard's by default). Its MeterProvider must be nil
+	// (the Guard's is used). Defaults to durable's defaults
+	// (durable.SweeperConfig: hourly, in batches of 1000).
 	Sweep *durable.SweeperConfig
-	// Wait, when positive, lets a retry that finds its key running wait up
-	// to Wait for the answer instead of being refused with 409: New gives
-	// the Guard a Waiter, Run keeps a Listener (one connection of the pool)
-	// behind it, and Service.Middleware waits (idem.MiddlewareConfig.Wait; callers of
-	// Guard.Do pass idem.WaitFor(Wait)). It needs Store.Notify on every
-	// instance that writes the table, and must be shorter than the Guard's
-	// MaxHold. Keep it below the client's own timeout. Defaults to 0: no
-	// request waits, no Listener.
+	// Wait, when positive, lets a retry that finds its key running wait up to
+	// Wait for the answer instead of being refused with 409: New gives the
+	// Guard a Waiter, Run keeps a Listener (one connection of the pool)
+	// behind it, and Service.Middleware waits (idem.MiddlewareConfig.Wait;
+	// callers of Guard.Do pass idem.WaitFor(Wait)). It needs Store.Notify on
+	// every instance that writes the table, and must be shorter than the
+	// Guard's MaxHold. Keep it below the client's own timeout. Defaults to 0:
+	// no request waits, no Listener.
 	Wait time.Duration
 }
 

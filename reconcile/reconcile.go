@@ -408,13 +408,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // first. It stops when no due key is left (or only keys it already handled in
 // this run, whose store calls failed).
 //
-// It returns what it did. The error is nil when the run went through, even
-// if some keys failed (they are counted in Result.Errors and logged); it
-// wraps durable.ErrLocked when another instance holds the table's reconcile
-// lease (it is reconciling right now: nothing was done, a normal outcome
-// when a Reconciler runs on every instance), the context's error when ctx ended, durable.ErrLeaseLost when the
-// lease could not be renewed (the run stopped, as if cancelled, before the
-// lease could expire), or the store's error when listing failed.
+// It returns what it did. The error is nil when the run went through, even if
+// some keys failed (they are counted in Result.Errors and logged); it wraps
+// durable.ErrLocked when another instance holds the table's reconcile lease
+// (it is reconciling right now: nothing was done, a normal outcome when a
+// Reconciler runs on every instance), the context's error when ctx ended,
+// durable.ErrLeaseLost when the lease could not be renewed (the run stopped,
+// as if cancelled, before the lease could expire), or the store's error when
+// listing failed.
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
