@@ -331,7 +331,7 @@ func TestBadInputCatalogue(t *testing.T) {
 		t.Run("strategy="+strategy, func(t *testing.T) {
 			b := setup(t, strategy)
 			h := &badHandler{}
-			srv := httptest.NewServer(b.guard.Middleware(bearerScope)(h))
+			srv := httptest.NewServer(b.guard.Middleware(bearerScope, nil)(h))
 			t.Cleanup(srv.Close)
 			for _, tc := range cat {
 				t.Run(tc.name, func(t *testing.T) {
@@ -457,7 +457,7 @@ func TestBadInputScopeCannotForgeInProgress(t *testing.T) {
 		t.Run("strategy="+strategy, func(t *testing.T) {
 			b := setup(t, strategy)
 			h := &badHandler{release: make(chan struct{}), started: make(chan struct{}, 1)}
-			srv := httptest.NewServer(b.guard.Middleware(bearerScope)(h))
+			srv := httptest.NewServer(b.guard.Middleware(bearerScope, nil)(h))
 			t.Cleanup(srv.Close)
 			release := sync.OnceFunc(func() { close(h.release) })
 			t.Cleanup(release) // runs first: never leave the handler blocked

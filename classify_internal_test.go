@@ -39,10 +39,10 @@ func classifyCases() []classifyCase {
 	}
 	return []classifyCase{
 		answered("executed", OutcomeExecuted, nil),
-		answered("executed pending, a 5xx", OutcomeExecutedPending, nil),
-		answered("executed pending, the work's error", OutcomeExecutedPending, errors.New("provider timeout")),
-		answered("executed pending, answer not storable", OutcomeExecutedPending, fmt.Errorf("idem: complete: %w", ErrInvalid)),
-		answered("executed pending, answer write failed", OutcomeExecutedPending, fmt.Errorf("idem: complete: %w: %w", ErrUnavailable, cause)),
+		answered("executed unstored, a 5xx", OutcomeExecutedUnstored, nil),
+		answered("executed unstored, the work's error", OutcomeExecutedUnstored, errors.New("provider timeout")),
+		answered("executed unstored, answer not storable", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w", ErrInvalid)),
+		answered("executed unstored, answer write failed", OutcomeExecutedUnstored, fmt.Errorf("idem: complete: %w: %w", ErrUnavailable, cause)),
 		answered("executed released, 429", OutcomeExecutedReleased, nil),
 		answered("executed released, ErrRetrySafe", OutcomeExecutedReleased, fmt.Errorf("breaker open: %w", ErrRetrySafe)),
 		answered("replayed", OutcomeReplayed, nil),
@@ -64,9 +64,9 @@ func classifyCases() []classifyCase {
 			slug: ProblemKeyInvalid, status: http.StatusBadRequest},
 		{name: "request invalid: scope", outcome: OutcomeNone, err: &RequestError{Field: "Scope", Reason: "empty"},
 			slug: ProblemUnauthenticated, status: http.StatusUnauthorized},
-		{name: "store unavailable", outcome: OutcomeNone, err: fmt.Errorf("idem: claim: %w", errors.Join(ErrUnavailable, cause)),
+		{name: "store unavailable", outcome: OutcomeNone, err: fmt.Errorf("idem: claim: %w: %w", ErrUnavailable, cause),
 			slug: ProblemServiceUnavailable, status: http.StatusServiceUnavailable, hint: unavailableHint},
-		{name: "ctx canceled", outcome: OutcomeNone, err: fmt.Errorf("idem: claim: %w", errors.Join(context.Canceled, cause)),
+		{name: "ctx canceled", outcome: OutcomeNone, err: fmt.Errorf("idem: claim: %w: %w", context.Canceled, cause),
 			slug: ProblemServiceUnavailable, status: http.StatusServiceUnavailable, hint: unavailableHint},
 		{name: "ctx deadline", outcome: OutcomeNone, err: context.DeadlineExceeded,
 			slug: ProblemServiceUnavailable, status: http.StatusServiceUnavailable, hint: unavailableHint},
@@ -120,7 +120,7 @@ func TestClassify(t *testing.T) {
 func TestMiddlewareAgreesWithClassify(t *testing.T) {
 	g := &Guard{log: slog.New(slog.DiscardHandler)}
 	for hname, hints := range hintSets {
-		m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, WithRetryHints(hints))(nil).(*middleware)
+		m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, &MiddlewareConfig{RetryHints: hints})(nil).(*middleware)
 		for _, tc := range classifyCases() {
 			if tc.slug == "" {
 				continue // answered: the middleware sends the answer

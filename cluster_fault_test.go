@@ -91,7 +91,7 @@ func TestClusterGuard(t *testing.T) {
 		g, l := newGuard(t)
 		gate := make(chan struct{})
 		var calls atomic.Int32
-		srv := httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv := httptest.NewServer(g.Middleware(bearerScope, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n := calls.Add(1)
 			_, _ = io.ReadAll(r.Body)
 			<-gate

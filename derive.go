@@ -11,7 +11,7 @@ import (
 // characters (130 bits of SHA-256 over the length-prefixed parts).
 //
 // Every execution of the same intent derives the same ID: the work (with
-// IntentFromContext) and a reconciler (with reconcile.Item.Intent), also after
+// ExecutionFromContext) and a reconciler (with reconcile.Item.Intent), also after
 // a crash and a restart. Different intents or purposes never share one; a key
 // reused after it expired is a new intent, so it derives a new ID; a key
 // released because nothing happened keeps its intent, so the next attempt

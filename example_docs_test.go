@@ -157,7 +157,7 @@ func ExampleGuard_Middleware_quickStart() {
 	// The scope is the authenticated caller; requests without one are refused.
 	scope := func(r *http.Request) (string, bool) { return userID(r.Context()) }
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", guard.Middleware(scope)(http.HandlerFunc(createOrder)))
+	mux.Handle("POST /orders", guard.Middleware(scope, nil)(http.HandlerFunc(createOrder)))
 
 	srv := httptest.NewServer(authenticate(mux))
 	defer srv.Close()
@@ -240,7 +240,7 @@ func ExampleGuard_Do_outcomes() {
 	// ack 200 paid
 	// ack 200 paid
 	// dead letter (idempotency-key-reused)
-	// redeliver now (executed_pending)
+	// redeliver now (executed_unstored)
 	// redeliver later (request-in-progress)
 	// redeliver later (request-pending)
 	// dead letter (unauthenticated)
@@ -290,7 +290,7 @@ func ExampleNew_hybrid() {
 
 // A custom fingerprint that leaves out a tracking parameter the client
 // changes between retries: the retry is still recognised and replayed.
-func ExampleWithFingerprint() {
+func ExampleMiddlewareConfig_fingerprint() {
 	guard, err := idem.New(idemtest.NewMemStore(nil), &idem.Config{Logger: quiet})
 	if err != nil {
 		log.Fatal(err)
@@ -304,7 +304,7 @@ func ExampleWithFingerprint() {
 		q.Del("utm_source") // changes between retries, and never changes the order
 		return idem.HashRequest(r.Method, r.URL.EscapedPath()+"?"+q.Encode(), body)
 	}
-	h := guard.Middleware(scope, idem.WithFingerprint(fingerprint))(http.HandlerFunc(createOrder))
+	h := guard.Middleware(scope, &idem.MiddlewareConfig{Fingerprint: fingerprint})(http.HandlerFunc(createOrder))
 
 	srv := httptest.NewServer(authenticate(h))
 	defer srv.Close()
@@ -321,7 +321,7 @@ func ExampleWithFingerprint() {
 
 // A retry that arrives while its first request still runs waits for the
 // answer (woken by PostgreSQL LISTEN/NOTIFY) instead of getting 409.
-func ExampleWithWait() {
+func ExampleMiddlewareConfig_wait() {
 	ctx := context.Background()
 	dbURL, drop := docsDatabase(ctx)
 	defer drop()
@@ -349,7 +349,7 @@ func ExampleWithWait() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	listener, err := durable.NewListener(ctx, store, pool, nil) // one LISTEN connection per process
+	listener, err := durable.NewListener(ctx, store, pool) // one LISTEN connection per process
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func ExampleWithWait() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux.Handle("POST /orders", guard.Middleware(scope, idem.WithWait(5*time.Second))(http.HandlerFunc(createOrder)))
+	mux.Handle("POST /orders", guard.Middleware(scope, &idem.MiddlewareConfig{Wait: 5 * time.Second})(http.HandlerFunc(createOrder)))
 	// or, in the core: guard.Do(ctx, req, work, idem.WaitFor(5*time.Second))
 
 	srv := httptest.NewServer(authenticate(mux))
@@ -412,7 +412,7 @@ func ExampleComplete() {
 
 	createOrder := func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		orderID := idem.DeriveID("ord_", "order", intent) // the request's and the reconciler's; new after expiry
 		resp := idem.Response{
 			Status: http.StatusCreated,
@@ -430,11 +430,11 @@ func ExampleComplete() {
 			http.Error(w, "order not recorded", http.StatusInternalServerError)
 			return
 		}
-		idem.WriteResponse(w, resp)
+		resp.Write(w)
 	}
 
 	scope := func(r *http.Request) (string, bool) { return userID(r.Context()) }
-	srv := httptest.NewServer(authenticate(guard.Middleware(scope)(http.HandlerFunc(createOrder))))
+	srv := httptest.NewServer(authenticate(guard.Middleware(scope, nil)(http.HandlerFunc(createOrder))))
 	defer srv.Close()
 	first := docsPost(srv.URL+"/orders", "key-1", `{"hold_ids":[88211]}`)
 	retry := docsPost(srv.URL+"/orders", "key-1", `{"hold_ids":[88211]}`)
@@ -463,7 +463,7 @@ func ExampleDownstreamKey() {
 	}
 	var sent []string // the provider's idempotency keys
 	work := func(ctx context.Context) (idem.Response, error) {
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		orderID := idem.DeriveID("ord_", "order", intent)       // the same in every execution of the intent
 		paymentKey, err := idem.DownstreamKey("order", orderID) // "order-ord_...": the provider's idempotency key
 		if err != nil {

@@ -84,7 +84,7 @@ func ExampleGuard_Middleware() {
 	scope := func(r *http.Request) (string, bool) {
 		return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	srv := httptest.NewServer(guard.Middleware(scope)(orders))
+	srv := httptest.NewServer(guard.Middleware(scope, nil)(orders))
 	defer srv.Close()
 
 	post := func(key, body string) {
@@ -159,7 +159,7 @@ func ExampleGuard_Do() {
 	resp, out, _ := guard.Do(ctx, req, pay(http.StatusOK))
 	fmt.Println(out, resp.Status, string(resp.Body))
 	// Output:
-	// executed_pending
+	// executed_unstored
 	// in_progress idem: request in progress
 	// replayed 200 paid
 }
@@ -188,7 +188,7 @@ func ExampleClassify() {
 	}{
 		{idem.OutcomeExecuted, nil},
 		{idem.OutcomeReplayed, nil},
-		{idem.OutcomeExecutedPending, errors.New("provider timeout")},
+		{idem.OutcomeExecutedUnstored, errors.New("provider timeout")},
 		{idem.OutcomeExecutedReleased, idem.ErrRetrySafe},
 		{idem.OutcomeInProgress, idem.ErrInProgress},
 		{idem.OutcomeInProgress, idem.ErrPending},
@@ -201,7 +201,7 @@ func ExampleClassify() {
 	// Output:
 	// executed          ack
 	// replayed          ack
-	// executed_pending  redeliver now
+	// executed_unstored redeliver now
 	// executed_released redeliver now
 	// in_progress       redeliver after RetryAfter, request-in-progress
 	// in_progress       redeliver after RetryAfter, request-pending

@@ -40,9 +40,9 @@ type execution struct {
 type disp int
 
 const (
-	dispStore   disp = iota // a final answer: store it
-	dispPending             // unknown: leave the key in progress
-	dispRelease             // nothing happened: release the key
+	dispStore    disp = iota // a final answer: store it
+	dispUnstored             // unknown: leave the key in progress
+	dispRelease              // nothing happened: release the key
 )
 
 func disposition(resp Response, err error) disp {
@@ -50,11 +50,11 @@ func disposition(resp Response, err error) disp {
 	case errors.Is(err, ErrRetrySafe):
 		return dispRelease
 	case err != nil:
-		return dispPending
+		return dispUnstored
 	case resp.Status == http.StatusTooManyRequests:
 		return dispRelease
 	case resp.Status < 100 || resp.Status >= 500:
-		return dispPending
+		return dispUnstored
 	}
 	return dispStore
 }
@@ -93,7 +93,7 @@ func (x *execution) panicked(ctx context.Context) {
 		x.g.tel.add(ctx, evReleased)
 		return
 	}
-	x.g.tel.add(ctx, evPending)
+	x.g.tel.add(ctx, evUnstored)
 	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: work panicked; the key stays in progress until it is settled or released",
 		slog.String("key_hash", keyHash(x.req)))
 }
@@ -117,21 +117,21 @@ func (x *execution) finish(ctx context.Context, resp Response, err error) (Respo
 		x.release(ctx)
 		x.g.tel.add(ctx, evReleased)
 		return resp, OutcomeExecutedReleased, err
-	case dispPending:
-		x.g.tel.add(ctx, evPending)
+	case dispUnstored:
+		x.g.tel.add(ctx, evUnstored)
 		if err == nil && (resp.Status < 100 || resp.Status >= 600) {
 			err = fmt.Errorf("idem: work returned invalid status %d", resp.Status)
 		}
-		return resp, OutcomeExecutedPending, err
+		return resp, OutcomeExecutedUnstored, err
 	}
 	if werr := x.write(ctx, resp); werr != nil {
-		x.g.tel.add(ctx, evPending)
+		x.g.tel.add(ctx, evUnstored)
 		if errors.Is(werr, ErrInvalid) {
 			// The answer cannot be stored as it is (a header value that
 			// is not UTF-8): say so to the caller, not only to the log.
-			return resp, OutcomeExecutedPending, fmt.Errorf("idem: the answer cannot be stored: %w", werr)
+			return resp, OutcomeExecutedUnstored, fmt.Errorf("idem: the answer cannot be stored: %w", werr)
 		}
-		return resp, OutcomeExecutedPending, nil
+		return resp, OutcomeExecutedUnstored, nil
 	}
 	x.answered(ctx, resp)
 	return resp, OutcomeExecuted, nil
@@ -175,10 +175,10 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 			x.g.tel.add(ctx, evReleased)
 			return resp, OutcomeExecutedReleased, err
 		}
-		x.g.tel.add(ctx, evPending)
+		x.g.tel.add(ctx, evUnstored)
 		x.g.log.LogAttrs(ctx, slog.LevelWarn, "idem: the transaction that completed the answer did not commit; the key stays in progress until it is settled",
 			slog.String("key_hash", keyHash(x.req)), slog.Int("status", resp.Status))
-		return resp, OutcomeExecutedPending, err
+		return resp, OutcomeExecutedUnstored, err
 	case gerr == nil || errors.Is(gerr, ErrNotFound):
 		x.takenOver(ctx, "read joined answer")
 	default:
@@ -186,8 +186,8 @@ func (x *execution) finishJoined(ctx context.Context, resp Response, err error, 
 		// stays in progress rather than risk a second execution.
 		x.storeFailed(ctx, "read joined answer", gerr)
 	}
-	x.g.tel.add(ctx, evPending)
-	return resp, OutcomeExecutedPending, err
+	x.g.tel.add(ctx, evUnstored)
+	return resp, OutcomeExecutedUnstored, err
 }
 
 // Writes of an answer after the work are tried storeAttempts times, with

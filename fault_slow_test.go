@@ -65,7 +65,7 @@ func TestFaultPostgresSlow(t *testing.T) {
 	// The handler writes its order and the answer in one transaction.
 	var runs sync.Map // key -> *atomic.Int32
 	work := func(ctx context.Context) (idem.Response, error) {
-		rq, _ := idem.RequestFromContext(ctx)
+		rq := idem.ExecutionFromContext(ctx).Request
 		n, _ := runs.LoadOrStore(rq.Key, new(atomic.Int32))
 		n.(*atomic.Int32).Add(1)
 		resp := created(rq.Key)

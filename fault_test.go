@@ -224,7 +224,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		g, err := idem.New(fs, cfg)
 		require.NoError(t, err)
 		in := &instance{guard: g}
-		in.srv = httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(r.serveHTTP)))
+		in.srv = httptest.NewServer(g.Middleware(bearerScope, nil)(http.HandlerFunc(r.serveHTTP)))
 		t.Cleanup(in.srv.Close)
 		in.client = &http.Client{Transport: in.srv.Client().Transport, Timeout: 5 * time.Second}
 		t.Cleanup(in.client.CloseIdleConnections)
@@ -265,7 +265,7 @@ func (r *rig) register(in *intent) {
 }
 
 // work is the guarded operation: a charge that takes faultWorkTime and
-// honours its deadline (cut: nothing charged, 504, the key stays pending).
+// honours its deadline (cut: nothing charged, 504, the key stays in progress).
 func (r *rig) work(ctx context.Context, in *intent) idem.Response {
 	in.mu.Lock()
 	n := len(in.execs)
@@ -1056,8 +1056,8 @@ func TestFaultMixedFleet(t *testing.T) {
 	c := testredis.Client(t)
 	r := newRig(t, rigOpts{strategy: "mixed", pool: pool, dbcfg: dbcfg, redis: c, prefix: testredis.Prefix(t, c),
 		leaseTTL: redisLeaseTTL, workTO: redisWorkTimeout, peerTable: true})
-	require.Equal(t, idem.StrategyHybrid, r.insts[0].guard.Strategy())
-	require.Equal(t, idem.StrategyTable, r.insts[1].guard.Strategy())
+	require.Equal(t, "hybrid", r.insts[0].guard.Strategy())
+	require.Equal(t, "table", r.insts[1].guard.Strategy())
 	all, _ := r.load(8, 2*time.Second, markSlow, nil)
 	f := figures{scenario: "mixed-fleet", strategy: "mixed"}
 	r.finish(t, &f, all, faultLeaseTTL+time.Second)

@@ -141,7 +141,7 @@ func FuzzReplayRoundTrip(f *testing.F) {
 				_, _ = w.Write(body[len(body)*i/parts : len(body)*(i+1)/parts])
 			}
 		})
-		mw := g.Middleware(scope)(h)
+		mw := g.Middleware(scope, nil)(h)
 		key := fmt.Sprintf("fuzz-%d", n.Add(1))
 		send := func() *http.Response {
 			r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("same"))

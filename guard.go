@@ -102,12 +102,14 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Logger receives one line per decision worth a human's attention
 	// (fallback to the table claim, store failure, an answer written that
-	// differs from the one joined). Keys are logged as a short hash (see
-	// KeyHash), never in clear. Defaults to slog.Default().
+	// differs from the one joined). Keys are logged as a hash (see
+	// KeyHash), never in clear. It is also the logger of the reconciler
+	// and of grpcidem's interceptor built over the Guard (Guard.Logger).
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 	// MeterProvider, when set, receives the guard's metrics through the
 	// OpenTelemetry metric API: the counter "idem.events" by event
-	// (executed, executed_pending, released, replayed, in_progress,
+	// (executed, executed_unstored, released, replayed, in_progress,
 	// key_reused, key_missing, key_invalid, settled, fallback, store_error,
 	// double_execution, answer_mismatch, overrun, cache_hit, waited,
 	// wait_timeout, wait_refused, lease_answered) and the histogram
@@ -127,9 +129,10 @@ type Config struct {
 	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
 	CacheTTL time.Duration
 	// Waiter, when set, lets requests that find their key in progress wait
-	// for its answer (WaitFor, WithWait) instead of being refused with 409.
-	// The store must announce answers (durable.Config.Notify) on every
-	// instance. Defaults to nil: no request waits.
+	// for its answer (WaitFor, MiddlewareConfig.Wait) instead of being
+	// refused with 409. The store must announce answers
+	// (durable.Config.Notify) on every instance. Defaults to nil: no request
+	// waits.
 	Waiter Waiter
 	// MaxWaiters bounds how many requests wait at once on this Guard, so
 	// that a retry storm on a slow key cannot pile up; past it a request is
@@ -143,18 +146,6 @@ const (
 	defaultWorkTimeout  = 20 * time.Second
 	defaultCacheTTL     = time.Minute
 	defaultMaxWaiters   = 1024
-)
-
-// Strategy names how a Guard decides who runs.
-type Strategy string
-
-// The strategies, as Guard.Strategy reports them.
-const (
-	// StrategyTable: the durable claim alone decides who runs.
-	StrategyTable Strategy = "table"
-	// StrategyHybrid: a lease (Config.Lock) filters retries before the
-	// same durable claim.
-	StrategyHybrid Strategy = "hybrid"
 )
 
 // Guard runs work at most once per (scope, key). It is safe for concurrent use
@@ -241,12 +232,19 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	return g, nil
 }
 
-// Strategy reports the guard's strategy.
-func (g *Guard) Strategy() Strategy {
+// Logger returns the Guard's Config.Logger (slog.Default() when unset): the
+// one logger of the parts built around the Guard (the reconciler, grpcidem's
+// interceptor, and what pgidem wires).
+func (g *Guard) Logger() *slog.Logger { return g.log }
+
+// Strategy reports how the guard decides who runs: "table" (the durable
+// claim alone) or "hybrid" (a lease, Config.Lock, filters retries before the
+// same durable claim).
+func (g *Guard) Strategy() string {
 	if g.lock != nil {
-		return StrategyHybrid
+		return "hybrid"
 	}
-	return StrategyTable
+	return "table"
 }
 
 // Do runs work at most once for req's (Scope, Key) and returns its answer, or
@@ -254,7 +252,7 @@ func (g *Guard) Strategy() Strategy {
 // Outcome says which; read it first:
 //
 //   - OutcomeExecuted: the work ran and its answer is stored. err is nil.
-//   - OutcomeExecutedPending: the work ran and its answer is not stored (a
+//   - OutcomeExecutedUnstored: the work ran and its answer is not stored (a
 //     5xx, an error, an answer that could not be written): the key stays in
 //     progress until it is settled. err is the work's own error, if any, or
 //     one wrapping ErrInvalid when the answer cannot be stored as it is (a
@@ -316,10 +314,10 @@ func collect(opts []DoOption) doOptions {
 func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d } }
 
 // CheckOptions reports an error when opts cannot do on g what they say: a
-// WaitFor with a positive bound on a Guard without Config.Waiter, which
-// would refuse every retry of a running key at once instead of waiting.
-// Transports check their options with it when they are built (the HTTP
-// middleware's WithWait, grpcidem's WithWait); so can a queue consumer.
+// WaitFor with a positive bound on a Guard without Config.Waiter, which would
+// refuse every retry of a running key at once instead of waiting. Transports
+// check their options with it when they are built (the HTTP middleware's
+// MiddlewareConfig.Wait, grpcidem's WithWait); so can a queue consumer.
 func (g *Guard) CheckOptions(opts ...DoOption) error {
 	if o := collect(opts); o.wait > 0 && g.waiter == nil {
 		return fmt.Errorf("idem: waiting up to %v (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once", o.wait)
@@ -421,7 +419,7 @@ func (g *Guard) remember(req Request, resp Response, expires time.Time) {
 
 func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
 	if cerr := ctx.Err(); cerr != nil {
-		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(cerr, err))
+		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, cerr, err)
 	}
 	if errors.Is(err, ErrInvalid) {
 		// Do validates every field first, so this is a store with stricter
@@ -431,7 +429,7 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 	g.tel.add(ctx, evStoreError)
 	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
 		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
-	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w", op, errors.Join(ErrUnavailable, err))
+	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
 }
 
 // storeContext is the context of a store call made on behalf of a request

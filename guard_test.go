@@ -64,7 +64,7 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 	store, pool := testdb.Store(t, &durable.Config{Notify: o.wait})
 	b := bundle{store: store, pool: pool}
 	if o.wait {
-		l, err := durable.NewListener(t.Context(), store, pool, slog.New(slog.DiscardHandler))
+		l, err := durable.NewListener(t.Context(), store, pool)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close() })
 		o.cfg.Waiter = l
@@ -222,7 +222,7 @@ func TestKeyReused(t *testing.T) {
 		key2 := newKey()
 		pending := &counter{resp: idem.Response{Status: http.StatusGatewayTimeout}}
 		_, out, _ = b.guard.Do(ctx, req("u", key2, "first"), pending.work)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		_, out, err = b.guard.Do(ctx, req("u", key2, "second"), pending.work)
 		require.ErrorIs(t, err, idem.ErrKeyReused)
 		require.Equal(t, idem.OutcomeKeyReused, out)
@@ -355,7 +355,7 @@ func TestServerErrorLeavesKeyInProgress(t *testing.T) {
 		w := &counter{resp: idem.Response{Status: http.StatusGatewayTimeout, Body: []byte("timeout")}}
 		resp, out, err := b.guard.Do(ctx, r, w.work)
 		require.NoError(t, err)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		require.Equal(t, http.StatusGatewayTimeout, resp.Status, "the caller still gets its own answer")
 
 		for range 2 {
@@ -399,7 +399,7 @@ func TestWorkErrorLeavesKeyInProgress(t *testing.T) {
 		r := req("u", newKey(), "x")
 		_, out, err := b.guard.Do(context.Background(), r, w.work)
 		require.ErrorIs(t, err, boom)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		_, _, err = b.guard.Do(context.Background(), r, w.work)
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.EqualValues(t, 1, w.n.Load())
@@ -455,7 +455,7 @@ func TestPanicLeavesKeyInProgress(t *testing.T) {
 		_, out, err := b.guard.Do(context.Background(), r, nil2xx(t))
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.Equal(t, idem.OutcomeInProgress, out)
-		require.EqualValues(t, 1, b.guard.Stats().Pending)
+		require.EqualValues(t, 1, b.guard.Stats().Unstored)
 
 		safe := req("u", newKey(), "y")
 		require.PanicsWithValue(t, "bug before any effect", func() {
@@ -525,8 +525,8 @@ func TestExpiredKeyIsNewIntent(t *testing.T) {
 		r := req("u", newKey(), "x")
 		var intents []idem.Token
 		work := func(ctx context.Context) (idem.Response, error) {
-			id, ok := idem.IntentFromContext(ctx)
-			require.True(t, ok)
+			id := idem.ExecutionFromContext(ctx).Intent
+			require.NotZero(t, id)
 			intents = append(intents, id)
 			return created(idem.DeriveID("ord_", "order", id)), nil
 		}
@@ -605,7 +605,7 @@ func TestHybridLeaseLostDuringWork(t *testing.T) {
 	// lease is gone, until a reconciler settles it.
 	r2 := req("u", newKey(), "x")
 	_, out, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 	b.mr.FastForward(31 * time.Second)
 	_, out, err = b.guard.Do(ctx, r2, nil2xx(t))
 	require.ErrorIs(t, err, idem.ErrInProgress)
@@ -632,7 +632,7 @@ func TestTakenOverClaimIsDetected(t *testing.T) {
 			return created("first"), nil
 		})
 		require.NoError(t, err)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		require.EqualValues(t, 1, b.guard.Stats().DoubleExecutions)
 		resp, _, _ := b.guard.Do(ctx, r, nil2xx(t))
 		require.Equal(t, "/orders/second", resp.Header.Get("Location"))
@@ -726,7 +726,7 @@ func TestHybridFallsBackWhenRedisFails(t *testing.T) {
 	r2 := req("u", newKey(), "y")
 	b.mr.SetError("ERR injected failure")
 	_, out, _ = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 502}}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 	b.mr.SetError("")
 	_, out, _ = b.guard.Do(ctx, r2, nil2xx(t))
 	require.Equal(t, idem.OutcomeInProgress, out)
@@ -798,7 +798,7 @@ func TestAnswerNotStoredKeepsKeyInProgress(t *testing.T) {
 			w := &counter{resp: created("lost")}
 			resp, out, err := b.guard.Do(context.Background(), r, w.work)
 			require.NoError(t, err)
-			require.Equal(t, idem.OutcomeExecutedPending, out)
+			require.Equal(t, idem.OutcomeExecutedUnstored, out)
 			require.Equal(t, http.StatusCreated, resp.Status)
 			_, out, err = b.guard.Do(context.Background(), r, w.work)
 			require.ErrorIs(t, err, idem.ErrInProgress)
@@ -818,7 +818,7 @@ func TestNewValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.WorkTimeout")
 	g, err := idem.New(b.store, nil)
 	require.NoError(t, err)
-	require.Equal(t, idem.StrategyTable, g.Strategy())
+	require.Equal(t, "table", g.Strategy())
 	_, _, err = g.Do(context.Background(), req("u", "k", "x"), nil)
 	require.Error(t, err)
 
@@ -836,7 +836,7 @@ func TestOutcomeString(t *testing.T) {
 	require.Equal(t, "executed", idem.OutcomeExecuted.String())
 	require.Equal(t, "in_progress", idem.OutcomeInProgress.String())
 	require.Equal(t, "outcome(42)", idem.Outcome(42).String())
-	require.True(t, idem.OutcomeExecutedPending.Executed())
+	require.True(t, idem.OutcomeExecutedUnstored.Executed())
 	require.False(t, idem.OutcomeReplayed.Executed())
 }
 
@@ -864,7 +864,7 @@ func TestSettleAndReleaseAreOwnerChecked(t *testing.T) {
 	require.NoError(t, b.guard.Release(ctx, r2.Scope, r2.Key, old))
 	_, out, err = b.guard.Do(ctx, r2, (&counter{resp: idem.Response{Status: 504}}).work)
 	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecutedPending, out, "the retry is a new intent")
+	require.Equal(t, idem.OutcomeExecutedUnstored, out, "the retry is a new intent")
 	require.ErrorIs(t, b.guard.Settle(ctx, r2.Scope, r2.Key, old, created("stale")), idem.ErrNotOwner,
 		"a decision about the old intent does not touch the new one")
 	require.EqualValues(t, 1, b.guard.Stats().Settled)
@@ -909,7 +909,7 @@ func TestLostReplyToCommittedAnswer(t *testing.T) {
 		require.EqualValues(t, 1, w.n.Load())
 		st := b.guard.Stats()
 		require.Zero(t, st.DoubleExecutions)
-		require.Zero(t, st.Pending)
+		require.Zero(t, st.Unstored)
 		require.Zero(t, st.StoreErrors)
 	})
 }
@@ -972,7 +972,7 @@ func TestUnstorableHeaderIsRefusedAtDo(t *testing.T) {
 		resp, out, err := b.guard.Do(t.Context(), r, func(context.Context) (idem.Response, error) {
 			return idem.Response{Status: 201, Header: http.Header{"Etag": {"\"caf\xe9\""}}}, nil
 		})
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		require.ErrorIs(t, err, idem.ErrInvalid)
 		require.Equal(t, 201, resp.Status)
 		rec, gerr := b.store.Get(t.Context(), r.Scope, r.Key)

@@ -30,7 +30,7 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 	g.tel.since(ctx, phaseLock, start)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return Response{}, OutcomeNone, fmt.Errorf("idem: lock: %w", err) // the caller's context ended
+		return Response{}, OutcomeNone, fmt.Errorf("idem: %w", err) // the caller's context ended; err names the lock's op
 	case err != nil:
 		// Safe: every execution holds a durable row, and this claim
 		// competes with theirs.

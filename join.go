@@ -9,21 +9,6 @@ import (
 	"strconv"
 )
 
-// Errors of Complete.
-var (
-	// ErrNotGuarded: the context does not belong to a guarded execution.
-	ErrNotGuarded = errors.New("idem: context does not belong to a guarded execution")
-	// ErrJoinUnsupported: the Guard's store cannot write through a caller's
-	// transaction (it is not a [Joiner]).
-	ErrJoinUnsupported = errors.New("idem: store cannot join a transaction")
-	// ErrSuperseded: the key no longer takes this execution's answer: its
-	// claim was released, settled or taken over while the work ran (only
-	// work that overran the Guard's MaxHold, or a hand-made release, allows
-	// it), or this execution already committed another answer. Roll back
-	// and answer 409: the client's retry gets the stored answer.
-	ErrSuperseded = errors.New("idem: the key no longer takes this execution's answer")
-)
-
 // Complete stores resp as the answer of the guarded execution that ctx
 // belongs to, through tx: typically the pgx.Tx in which the work writes its
 // own rows to the same PostgreSQL. The answer then commits or rolls back with
@@ -31,7 +16,7 @@ var (
 // happen.
 //
 // Call it inside the work (or the guarded HTTP handler), commit tx before the
-// work returns, and deliver the same resp to the client (WriteResponse does
+// work returns, and deliver the same resp to the client (Response.Write does
 // it for HTTP). In the middleware, the response header allowlist applies to
 // what is stored. After the work returns, the guard reads the key's row:
 //
@@ -82,10 +67,10 @@ func Complete(ctx context.Context, tx any, resp Response) error {
 	return nil
 }
 
-// WriteResponse writes resp to w: its headers, status and body. Guarded HTTP
+// Write writes resp to w: its headers, status and body. Guarded HTTP
 // handlers that build their answer as a Response (for Complete) use it to
 // send exactly what they stored.
-func WriteResponse(w http.ResponseWriter, resp Response) {
+func (resp Response) Write(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v

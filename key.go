@@ -1,24 +1,7 @@
 package idem
 
 import (
-	"errors"
 	"strings"
-)
-
-// HeaderKey is the request header that carries the idempotency key, as named
-// by the IETF draft "The Idempotency-Key HTTP Header Field".
-const HeaderKey = "Idempotency-Key"
-
-// HeaderReplayed is set to "true" on every replayed answer.
-const HeaderReplayed = "Idempotent-Replayed"
-
-// Errors of ParseKey. Compare with errors.Is; an invalid key is a *KeyError.
-var (
-	// ErrKeyMissing: the request has no Idempotency-Key header.
-	ErrKeyMissing = errors.New("idem: Idempotency-Key header missing")
-	// ErrKeyInvalid: the header is present but unusable. The error is a
-	// *KeyError saying why.
-	ErrKeyInvalid = errors.New("idem: Idempotency-Key header invalid")
 )
 
 // KeyError says why an Idempotency-Key header was refused. Its Reason is safe

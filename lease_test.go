@@ -257,7 +257,7 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			_, out, _ := r.guard.Do(t.Context(), rq, func(context.Context) (idem.Response, error) {
 				return idem.Response{Status: http.StatusGatewayTimeout}, nil
 			})
-			require.Equal(t, idem.OutcomeExecutedPending, out)
+			require.Equal(t, idem.OutcomeExecutedUnstored, out)
 			ageRow(t, r.store, rq, r.guard.MaxHold()+time.Minute)
 			r.forget(t, rq)
 
@@ -315,13 +315,13 @@ func TestLeaseFollowsReleaseAndSettle(t *testing.T) {
 				return idem.Response{Status: http.StatusBadGateway}, nil
 			}
 			_, out, _ := r.guard.Do(t.Context(), rq, fail)
-			require.Equal(t, idem.OutcomeExecutedPending, out)
+			require.Equal(t, idem.OutcomeExecutedUnstored, out)
 			rec, err := r.store.Get(t.Context(), rq.Scope, rq.Key)
 			require.NoError(t, err)
 			require.NoError(t, r.guard.Release(t.Context(), rq.Scope, rq.Key, rec.Owner))
 
 			_, out, _ = r.guard.Do(t.Context(), rq, fail)
-			require.Equal(t, idem.OutcomeExecutedPending, out, "a released key runs again")
+			require.Equal(t, idem.OutcomeExecutedUnstored, out, "a released key runs again")
 			rec, err = r.store.Get(t.Context(), rq.Scope, rq.Key)
 			require.NoError(t, err)
 			settled := created("o-4")

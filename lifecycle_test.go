@@ -53,7 +53,7 @@ func (c *checkout) order(intent idem.Token) idem.Response {
 // the charge), or panics after the charge when status is 0 (a crash).
 func (c *checkout) work(status int) idem.Work {
 	return func(ctx context.Context) (idem.Response, error) {
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		c.charges.Add(1)
 		c.mu.Lock()
 		if c.charged == nil {
@@ -101,7 +101,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 				ctx := t.Context()
 				var c checkout
 				var down atomic.Bool
-				rec, err := reconcile.New(b.guard, b.store, b.pool, c.resolve(&down), &reconcile.Config{Logger: quietLogger()})
+				rec, err := reconcile.New(b.guard, b.store, b.pool, c.resolve(&down), nil)
 				require.NoError(t, err)
 				r := req("u", newKey(), `{"hold_ids":[7],"payment_method":"pm_timeout"}`)
 				var finals []idem.Response
@@ -127,7 +127,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 				default:
 					_, out, err := b.guard.Do(ctx, r, c.work(http.StatusGatewayTimeout))
 					require.NoError(t, err)
-					require.Equal(t, idem.OutcomeExecutedPending, out)
+					require.Equal(t, idem.OutcomeExecutedUnstored, out)
 				}
 
 				if seq == "settled just before expiry" {
@@ -149,7 +149,9 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					for range 3 {
 						ageKey(t, b.pool, b.store, r.Key, "10 hours")
 						retry()
-						n, err := b.store.Sweep(ctx)
+						sw, err := durable.NewSweeper(b.store, b.pool, nil)
+						require.NoError(t, err)
+						n, err := sw.SweepOnce(ctx)
 						require.NoError(t, err)
 						require.Zero(t, n, "a key in progress is never swept")
 					}
@@ -187,7 +189,7 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 		rec, err := reconcile.New(short, b.store, b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			resolved.Add(1)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil // as a lookup finds no charge yet
-		}, &reconcile.Config{MinAge: short.MaxHold() + 100*time.Millisecond, Logger: quietLogger()})
+		}, &reconcile.Config{MinAge: short.MaxHold() + 100*time.Millisecond})
 		require.NoError(t, err)
 
 		r := req("u", newKey(), "refund")
@@ -247,10 +249,9 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		var runs []seen
 		work := func(status int) idem.Work {
 			return func(ctx context.Context) (idem.Response, error) {
-				intent, ok := idem.IntentFromContext(ctx)
-				require.True(t, ok)
-				attempt, ok := idem.AttemptFromContext(ctx)
-				require.True(t, ok)
+				x := idem.ExecutionFromContext(ctx)
+				intent, attempt := x.Intent, x.Attempt
+				require.NotZero(t, attempt)
 				runs = append(runs, seen{intent, attempt})
 				if status == http.StatusCreated {
 					return created(idem.DeriveID("ord_", "order", intent)), nil
@@ -267,13 +268,13 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrKeyReused)
 
 		_, out, _ = b.guard.Do(ctx, r, work(http.StatusGatewayTimeout))
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		// A reconciler finds nothing happened and releases the attempt.
 		var items []reconcile.Item
 		rec, err := reconcile.New(b.guard, b.store, b.pool, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
 			items = append(items, it)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
-		}, &reconcile.Config{Logger: quietLogger()})
+		}, nil)
 		require.NoError(t, err)
 		ageKey(t, b.pool, b.store, r.Key, "2 minutes")
 		res, err := rec.RunOnce(ctx)

@@ -22,26 +22,75 @@ import (
 // and a ScopeFunc that reads the first would disagree about who the caller is.
 type ScopeFunc func(r *http.Request) (scope string, ok bool)
 
-// Option configures the middleware.
-type Option func(*middleware)
+// MiddlewareConfig tunes [Guard.Middleware]. A nil *MiddlewareConfig is
+// valid: every default. A zero field takes its default; a negative size or
+// Wait makes Middleware panic, naming the field.
+type MiddlewareConfig struct {
+	// Methods are the methods that are guarded; others pass through
+	// untouched. Defaults to POST and PATCH.
+	Methods []string
+	// OptionalKey lets requests without an Idempotency-Key header through,
+	// unguarded. Defaults to false: a missing key is refused with 400.
+	OptionalKey bool
+	// MaxRequestBody is how many body bytes are read and fingerprinted;
+	// larger requests get 413 and the handler is not called. Defaults to
+	// DefaultMaxRequestBody (1 MiB).
+	MaxRequestBody int64
+	// MaxResponseBody is the largest answer body that is stored. A larger
+	// answer is delivered but not stored: see Middleware. Defaults to
+	// DefaultMaxResponseBody (1 MiB).
+	MaxResponseBody int
+	// StoredHeaders is the allowlist of response headers that are stored and
+	// replayed; an empty non-nil list stores none. Set-Cookie,
+	// Authorization, Content-Length and hop-by-hop headers are never
+	// stored, even when listed. Defaults to the ones a client acts on
+	// (Location, Content-Type, Content-Language, Content-Encoding,
+	// Content-Location, ETag, Last-Modified) and Cache-Control, so that a
+	// replayed answer keeps its caching rules (a replayed 402 problem stays
+	// "no-store").
+	StoredHeaders []string
+	// RetryHints are the Retry-After of 409 and 503 problems (see
+	// Classify). Defaults to 1s while in progress, 30s while pending
+	// reconciliation, 2s when unavailable. Match Pending to your
+	// reconciler's cadence.
+	RetryHints RetryHints
+	// Fingerprint replaces how requests are fingerprinted from the request
+	// and its body (read in full, at most MaxRequestBody), for example to
+	// leave out a tracking query parameter that clients change between
+	// retries. A retry must get the same fingerprint as the first request,
+	// and a different request under the same key a different one. Defaults
+	// to HashRequest over the method, the request target (path and query)
+	// and the body.
+	//
+	// WARNING: whatever the function leaves out may differ between a first
+	// request and a retry that is then replayed the first answer: leave out
+	// only what does not change the intent.
+	Fingerprint func(r *http.Request, body []byte) Fingerprint
+	// Wait lets a retry that finds its key in progress wait up to Wait for
+	// the running request's answer and replay it, instead of being refused
+	// with 409 (see WaitFor). The Guard needs a Config.Waiter: Middleware
+	// panics without one. Keep it below the client's own timeout. Defaults
+	// to 0: no waiting.
+	Wait time.Duration
+	// ProblemBase is the URI that problem type slugs are appended to.
+	// Defaults to DefaultProblemBase.
+	ProblemBase string
+	// RenderProblem replaces how problems are written; it must write a
+	// complete response. Defaults to [Problem.Write].
+	RenderProblem func(w http.ResponseWriter, r *http.Request, p Problem)
+	// UnauthenticatedStatus is the status sent when the ScopeFunc finds no
+	// caller. Defaults to 401.
+	UnauthenticatedStatus int
+	// Challenge is the WWW-Authenticate challenge sent with a 401 problem,
+	// e.g. `Bearer realm="checkout"`; RFC 9110 requires one on every 401.
+	// Defaults to none.
+	Challenge string
+}
 
-// Middleware defaults.
-const (
-	DefaultMaxRequestBody  = 1 << 20 // 1 MiB
-	DefaultMaxResponseBody = 1 << 20 // 1 MiB
-)
-
-// DefaultStoredHeaders returns the response headers stored and replayed
-// unless WithStoredHeaders says otherwise: the ones a client acts on
-// (Location, Content-Type, Content-Language, Content-Encoding,
-// Content-Location, ETag, Last-Modified) and Cache-Control, so that a replayed
-// answer keeps its caching rules (a replayed 402 problem stays "no-store").
-// Each call returns a new slice.
-func DefaultStoredHeaders() []string {
-	return []string{
-		"Location", "Content-Type", "Content-Language", "Content-Encoding",
-		"Content-Location", "ETag", "Last-Modified", "Cache-Control",
-	}
+// defaultStoredHeaders is the default of MiddlewareConfig.StoredHeaders.
+var defaultStoredHeaders = []string{
+	"Location", "Content-Type", "Content-Language", "Content-Encoding",
+	"Content-Location", "ETag", "Last-Modified", "Cache-Control",
 }
 
 // neverStored headers are dropped even when listed: credentials, cookies,
@@ -53,89 +102,17 @@ var neverStored = map[string]bool{
 	"Proxy-Connection": true, "Content-Length": true, HeaderReplayed: true,
 }
 
-// WithMethods sets the methods that are guarded; others pass through
-// untouched. Defaults to POST and PATCH.
-func WithMethods(methods ...string) Option {
-	return func(m *middleware) {
-		m.methods = map[string]bool{}
-		for _, x := range methods {
-			m.methods[x] = true
+// storedHeaders canonicalises an allowlist and drops what is never stored.
+func storedHeaders(names []string) []string {
+	stored := []string{}
+	for _, n := range names {
+		c := http.CanonicalHeaderKey(n)
+		if !neverStored[c] {
+			stored = append(stored, c)
 		}
 	}
+	return stored
 }
-
-// WithOptionalKey lets requests without an Idempotency-Key header through,
-// unguarded. By default a missing key is refused with 400.
-func WithOptionalKey() Option { return func(m *middleware) { m.optional = true } }
-
-// WithMaxRequestBody sets how many body bytes are read and fingerprinted;
-// larger requests get 413 and the handler is not called. Defaults to 1 MiB.
-func WithMaxRequestBody(n int64) Option { return func(m *middleware) { m.maxBody = n } }
-
-// WithMaxResponseBody sets the largest answer body that is stored. A larger
-// answer is delivered but not stored: see Middleware. Defaults to 1 MiB.
-func WithMaxResponseBody(n int) Option { return func(m *middleware) { m.maxResp = n } }
-
-// WithStoredHeaders replaces the allowlist of response headers that are stored
-// and replayed. Set-Cookie, Authorization, Content-Length and hop-by-hop
-// headers are never stored, even when listed. Defaults to
-// DefaultStoredHeaders().
-func WithStoredHeaders(names ...string) Option {
-	return func(m *middleware) {
-		m.stored = m.stored[:0:0]
-		for _, n := range names {
-			c := http.CanonicalHeaderKey(n)
-			if !neverStored[c] {
-				m.stored = append(m.stored, c)
-			}
-		}
-	}
-}
-
-// WithRetryHints sets the Retry-After of 409 and 503 problems (see
-// Classify). Defaults to 1s while in progress, 30s while pending
-// reconciliation, 2s when unavailable. Match Pending to your reconciler's
-// cadence.
-func WithRetryHints(h RetryHints) Option { return func(m *middleware) { m.retry = h } }
-
-// FingerprintFunc computes the fingerprint of a guarded request from the
-// request and its body (read in full, at most the body limit). A retry must
-// get the same fingerprint as the first request, and a different request
-// under the same key a different one.
-type FingerprintFunc func(r *http.Request, body []byte) Fingerprint
-
-// WithFingerprint replaces how requests are fingerprinted, for example to
-// leave out a tracking query parameter that clients change between retries.
-// Defaults to HashRequest over the method, the request target (path and
-// query) and the body.
-//
-// WARNING: whatever the function leaves out may differ between a first
-// request and a retry that is then replayed the first answer: leave out only
-// what does not change the intent.
-func WithFingerprint(fn FingerprintFunc) Option { return func(m *middleware) { m.fingerprint = fn } }
-
-// WithWait lets a retry that finds its key in progress wait up to d for the
-// running request's answer and replay it, instead of being refused with 409
-// (see WaitFor). The Guard needs a Config.Waiter: Middleware panics without
-// one. Keep d below the client's own timeout. Defaults to 0: no waiting.
-func WithWait(d time.Duration) Option { return func(m *middleware) { m.wait = d } }
-
-// WithProblemBase sets the URI that problem type slugs are appended to.
-// Defaults to DefaultProblemBase.
-func WithProblemBase(base string) Option { return func(m *middleware) { m.base = base } }
-
-// WithProblemRenderer replaces how problems are written. Defaults to
-// RenderProblem.
-func WithProblemRenderer(fn ProblemRenderer) Option { return func(m *middleware) { m.render = fn } }
-
-// WithUnauthenticatedStatus sets the status sent when the ScopeFunc finds no
-// caller. Defaults to 401.
-func WithUnauthenticatedStatus(code int) Option { return func(m *middleware) { m.noScope = code } }
-
-// WithChallenge sets the WWW-Authenticate challenge sent with a 401 problem,
-// e.g. `Bearer realm="checkout"`; RFC 9110 requires one on every 401.
-// Defaults to none.
-func WithChallenge(challenge string) Option { return func(m *middleware) { m.challenge = challenge } }
 
 type middleware struct {
 	g           *Guard
@@ -147,13 +124,61 @@ type middleware struct {
 	maxResp     int
 	stored      []string
 	base        string
-	render      ProblemRenderer
+	render      func(w http.ResponseWriter, r *http.Request, p Problem)
 	noScope     int
 	challenge   string
 	retry       RetryHints
-	fingerprint FingerprintFunc
+	fingerprint func(r *http.Request, body []byte) Fingerprint
 	wait        time.Duration
 	doOpts      []DoOption // built once from wait
+}
+
+// newMiddleware applies cfg's defaults; it panics on a negative size.
+func newMiddleware(g *Guard, scope ScopeFunc, cfg *MiddlewareConfig) middleware {
+	var c MiddlewareConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.MaxRequestBody < 0:
+		panic(fmt.Sprintf("idem: MiddlewareConfig.MaxRequestBody %d must not be negative", c.MaxRequestBody))
+	case c.MaxResponseBody < 0:
+		panic(fmt.Sprintf("idem: MiddlewareConfig.MaxResponseBody %d must not be negative", c.MaxResponseBody))
+	case c.Wait < 0:
+		panic(fmt.Sprintf("idem: MiddlewareConfig.Wait %v must not be negative", c.Wait))
+	}
+	m := middleware{
+		g: g, scope: scope, optional: c.OptionalKey, maxBody: c.MaxRequestBody, maxResp: c.MaxResponseBody,
+		base: c.ProblemBase, render: c.RenderProblem, noScope: c.UnauthenticatedStatus,
+		challenge: c.Challenge, retry: c.RetryHints, fingerprint: c.Fingerprint, wait: c.Wait,
+	}
+	if c.Methods == nil {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	m.methods = map[string]bool{}
+	for _, x := range c.Methods {
+		m.methods[x] = true
+	}
+	if m.maxBody == 0 {
+		m.maxBody = DefaultMaxRequestBody
+	}
+	if m.maxResp == 0 {
+		m.maxResp = DefaultMaxResponseBody
+	}
+	if c.StoredHeaders == nil {
+		c.StoredHeaders = defaultStoredHeaders
+	}
+	m.stored = storedHeaders(c.StoredHeaders)
+	if m.base == "" {
+		m.base = DefaultProblemBase
+	}
+	if m.render == nil {
+		m.render = func(w http.ResponseWriter, _ *http.Request, p Problem) { p.Write(w) }
+	}
+	if m.noScope == 0 {
+		m.noScope = http.StatusUnauthorized
+	}
+	return m
 }
 
 // Middleware returns net/http middleware (usable with http.ServeMux, chi and
@@ -173,37 +198,26 @@ type middleware struct {
 // for byte, plus "Idempotent-Replayed: true".
 //
 // Refusals are RFC 9457 problems: 400 for a missing or invalid key, a
-// repeated Authorization header or an unreadable body, 401 without a caller, 413 for an oversized body, 409 with
-// Retry-After while in progress (request-in-progress) or pending
-// reconciliation (request-pending), 422 for a reused key, 503 with
-// Retry-After when the store is unavailable (see WithRetryHints). Internal error text goes to the Guard's logger, never to the
-// client.
+// repeated Authorization header or an unreadable body, 401 without a caller,
+// 413 for an oversized body, 409 with Retry-After while in progress
+// (request-in-progress) or pending reconciliation (request-pending), 422 for
+// a reused key, 503 with Retry-After when the store is unavailable (see
+// MiddlewareConfig.RetryHints). Internal error text goes to the Guard's
+// logger, never to the client.
 //
-// Middleware panics if scope is nil, or if WithWait asks a Guard without a
-// Config.Waiter to wait (see Guard.CheckOptions).
+// Middleware panics if scope is nil, or if MiddlewareConfig.Wait asks a Guard
+// without a Config.Waiter to wait (see Guard.CheckOptions), or if cfg has a
+// negative size or Wait.
 //
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
 // larger than the response limit is sent as it is produced and not stored.
 // Its key stays in progress, exactly like a 5xx: retries get 409 until the key
 // is settled or released. Do not guard streaming endpoints.
-func (g *Guard) Middleware(scope ScopeFunc, opts ...Option) func(http.Handler) http.Handler {
+func (g *Guard) Middleware(scope ScopeFunc, cfg *MiddlewareConfig) func(http.Handler) http.Handler {
 	if scope == nil {
 		panic("idem: Middleware needs a ScopeFunc")
 	}
-	base := middleware{
-		g:       g,
-		scope:   scope,
-		methods: map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		maxBody: DefaultMaxRequestBody,
-		maxResp: DefaultMaxResponseBody,
-		base:    DefaultProblemBase,
-		render:  RenderProblem,
-		noScope: http.StatusUnauthorized,
-	}
-	WithStoredHeaders(DefaultStoredHeaders()...)(&base)
-	for _, o := range opts {
-		o(&base)
-	}
+	base := newMiddleware(g, scope, cfg)
 	if base.wait > 0 {
 		base.doOpts = []DoOption{WaitFor(base.wait)}
 		if err := g.CheckOptions(base.doOpts...); err != nil {
@@ -327,7 +341,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return rec.result()
 	}, m.doOpts...)
 	switch out {
-	case OutcomeExecuted, OutcomeExecutedPending, OutcomeExecutedReleased:
+	case OutcomeExecuted, OutcomeExecutedUnstored, OutcomeExecutedReleased:
 		// The answer is stored (or known not to be): now the client gets
 		// it. What was stored wins over what the handler wrote.
 		var stored Response
@@ -418,7 +432,7 @@ func (*bodyReader) Close() error { return nil }
 
 func writeReplay(w http.ResponseWriter, resp Response) {
 	w.Header().Set(HeaderReplayed, "true")
-	WriteResponse(w, resp)
+	resp.Write(w)
 }
 
 func bodyAllowed(status int) bool {

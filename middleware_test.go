@@ -77,7 +77,9 @@ type httpBundle struct {
 	handler *orderHandler
 }
 
-func setupHTTP(t *testing.T, strategy string, next http.Handler, opts ...idem.Option) httpBundle {
+// setupHTTP serves next (an orderHandler when nil) through the middleware,
+// with cfg when one is given.
+func setupHTTP(t *testing.T, strategy string, next http.Handler, cfg ...*idem.MiddlewareConfig) httpBundle {
 	t.Helper()
 	b := setup(t, strategy)
 	h, _ := next.(*orderHandler)
@@ -85,7 +87,11 @@ func setupHTTP(t *testing.T, strategy string, next http.Handler, opts ...idem.Op
 		h = &orderHandler{}
 		next = h
 	}
-	srv := httptest.NewServer(b.guard.Middleware(bearerScope, opts...)(next))
+	var c *idem.MiddlewareConfig
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	srv := httptest.NewServer(b.guard.Middleware(bearerScope, c)(next))
 	t.Cleanup(srv.Close)
 	return httpBundle{bundle: b, srv: srv, handler: h}
 }
@@ -215,9 +221,9 @@ func TestMiddlewareOutcomes(t *testing.T) {
 	})
 }
 
-// WithRetryHints sets each Retry-After; a negative hint sends none.
+// MiddlewareConfig.RetryHints sets each Retry-After; a negative hint sends none.
 func TestMiddlewareRetryHints(t *testing.T) {
-	hb := setupHTTP(t, "table", nil, idem.WithRetryHints(idem.RetryHints{InProgress: 1500 * time.Millisecond, Pending: -1}))
+	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{RetryHints: idem.RetryHints{InProgress: 1500 * time.Millisecond, Pending: -1}})
 	k := newKey()
 	send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
 	a := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
@@ -229,15 +235,15 @@ func TestMiddlewareRetryHints(t *testing.T) {
 	require.Empty(t, a.header.Values("Retry-After"))
 }
 
-// WithFingerprint: a function that leaves out a tracking parameter makes a
-// retry with another value of it a replay, not a 422.
+// MiddlewareConfig.Fingerprint: a function that leaves out a tracking
+// parameter makes a retry with another value of it a replay, not a 422.
 func TestMiddlewareCustomFingerprint(t *testing.T) {
 	withoutTracking := func(r *http.Request, body []byte) idem.Fingerprint {
 		q := r.URL.Query()
 		q.Del("utm_source")
 		return idem.HashRequest(r.Method, r.URL.Path+"?"+q.Encode(), body)
 	}
-	hb := setupHTTP(t, "table", nil, idem.WithFingerprint(withoutTracking))
+	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{Fingerprint: withoutTracking})
 	k := newKey()
 	first := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "a", path: "/orders?utm_source=mail"})
 	require.Equal(t, http.StatusCreated, first.status)
@@ -288,7 +294,7 @@ func TestMiddlewareRefusals(t *testing.T) {
 func TestMiddlewareTruncatedBody(t *testing.T) {
 	b := setup(t, "table")
 	h := &orderHandler{}
-	mw := b.guard.Middleware(bearerScope)(h)
+	mw := b.guard.Middleware(bearerScope, nil)(h)
 	r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader("abc"), errReader{}))
 	r.Header.Set("Authorization", "Bearer u")
 	r.Header.Set(idem.HeaderKey, "k")
@@ -303,20 +309,37 @@ type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 
+// A MiddlewareConfig with a negative size or wait is a bug of the caller's:
+// Middleware panics, naming the field, as it does without a ScopeFunc.
+func TestMiddlewareConfigRefusesNegatives(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), nil)
+	require.NoError(t, err)
+	for field, cfg := range map[string]*idem.MiddlewareConfig{
+		"MaxRequestBody":  {MaxRequestBody: -1},
+		"MaxResponseBody": {MaxResponseBody: -1},
+		"Wait":            {Wait: -time.Second},
+	} {
+		require.PanicsWithValue(t, "idem: MiddlewareConfig."+field+" "+map[string]string{
+			"MaxRequestBody": "-1", "MaxResponseBody": "-1", "Wait": "-1s"}[field]+" must not be negative",
+			func() { g.Middleware(bearerScope, cfg) }, field)
+	}
+	require.NotPanics(t, func() { g.Middleware(bearerScope, nil) })
+}
+
 func TestMiddlewareOptions(t *testing.T) {
 	var rendered []idem.Problem
-	hb := setupHTTP(t, "table", nil,
-		idem.WithOptionalKey(),
-		idem.WithMethods("POST", "PUT"),
-		idem.WithProblemBase("https://stagedoor.example/problems/"),
-		idem.WithStoredHeaders("Location", "X-Request-Id", "Set-Cookie"),
-		idem.WithMaxRequestBody(10),
-		idem.WithUnauthenticatedStatus(http.StatusForbidden),
-		idem.WithProblemRenderer(func(w http.ResponseWriter, r *http.Request, p idem.Problem) {
+	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{
+		OptionalKey:           true,
+		Methods:               []string{"POST", "PUT"},
+		ProblemBase:           "https://stagedoor.example/problems/",
+		StoredHeaders:         []string{"Location", "X-Request-Id", "Set-Cookie"},
+		MaxRequestBody:        10,
+		UnauthenticatedStatus: http.StatusForbidden,
+		RenderProblem: func(w http.ResponseWriter, r *http.Request, p idem.Problem) {
 			rendered = append(rendered, p)
-			idem.RenderProblem(w, r, p)
-		}),
-	)
+			p.Write(w)
+		},
+	})
 	// Optional key: a request without one is not guarded.
 	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{user: "u"}).status)
 	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{user: "u"}).status)
@@ -360,7 +383,7 @@ func TestMiddlewareUnstorableAnswers(t *testing.T) {
 			hb := setupHTTP(t, "table", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				calls.Add(1)
 				h(w, r)
-			}), idem.WithMaxResponseBody(1024))
+			}), &idem.MiddlewareConfig{MaxResponseBody: 1024})
 			key := newKey()
 			first := send(t, hb.srv, call{user: "u", keys: []string{key}})
 			require.Equal(t, http.StatusOK, first.status)
@@ -402,7 +425,7 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 	g, err := idem.New(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	h := &orderHandler{}
-	srv := httptest.NewServer(g.Middleware(bearerScope)(h))
+	srv := httptest.NewServer(g.Middleware(bearerScope, nil)(h))
 	defer srv.Close()
 	a := send(t, srv, call{user: "u", keys: []string{"k"}})
 	require.Equal(t, http.StatusServiceUnavailable, a.status)
@@ -416,7 +439,7 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 
 func TestMiddlewareNeedsScopeFunc(t *testing.T) {
 	b := setup(t, "table")
-	require.Panics(t, func() { b.guard.Middleware(nil) })
+	require.Panics(t, func() { b.guard.Middleware(nil, nil) })
 }
 
 // A scope the guard cannot key on is refused as unauthenticated, with the
@@ -425,7 +448,7 @@ func TestMiddlewareUnusableScope(t *testing.T) {
 	b := setup(t, "table")
 	h := &orderHandler{}
 	scope := func(r *http.Request) (string, bool) { return strings.Repeat("u", idem.MaxScopeLen+1), true }
-	srv := httptest.NewServer(b.guard.Middleware(scope, idem.WithChallenge(`Bearer realm="checkout"`))(h))
+	srv := httptest.NewServer(b.guard.Middleware(scope, &idem.MiddlewareConfig{Challenge: `Bearer realm="checkout"`})(h))
 	defer srv.Close()
 	a := send(t, srv, call{keys: []string{"k"}})
 	require.Equal(t, http.StatusUnauthorized, a.status)
@@ -453,7 +476,7 @@ func TestMiddlewareHeaderOnlyRequestsPinNoMemory(t *testing.T) {
 	const conns = 64
 	g, err := idem.New(idemtest.NewMemStore(nil), nil)
 	require.NoError(t, err)
-	guarded := g.Middleware(bearerScope)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	guarded := g.Middleware(bearerScope, nil)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		t.Error("the handler ran without a body")
 	}))
 	reading := make(chan struct{}, conns)
@@ -496,7 +519,7 @@ func TestMiddlewareRepeatedAuthorization(t *testing.T) {
 	srv := httptest.NewServer(g.Middleware(func(r *http.Request) (string, bool) {
 		scoped.Add(1)
 		return bearerScope(r)
-	})(h))
+	}, nil)(h))
 	t.Cleanup(srv.Close)
 	post := func(auth ...string) answer {
 		r, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("a"))
@@ -531,7 +554,7 @@ func TestMiddlewareUnstorableHeaderValues(t *testing.T) {
 	g, err := idem.New(idemtest.NewMemStore(nil), nil)
 	require.NoError(t, err)
 	var calls atomic.Int32
-	srv := httptest.NewServer(g.Middleware(bearerScope)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(g.Middleware(bearerScope, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.Header().Set("Location", "/orders/caf\u00e9") // valid UTF-8: kept
 		w.Header()["Etag"] = []string{`"caf` + "\xe9" + `"`, `"ok"`}
@@ -590,7 +613,7 @@ func TestSlowReaderCannotHoldTheKey(t *testing.T) {
 		hb := setupHTTP(t, strategy, nil)
 		key := newKey()
 		body := strings.Repeat("x", 200<<10) // a 200 KB answer
-		mw := hb.guard.Middleware(bearerScope)(hb.handler)
+		mw := hb.guard.Middleware(bearerScope, nil)(hb.handler)
 		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
 		r.Header.Set("Authorization", "Bearer alice")
 		r.Header.Set(idem.HeaderKey, key)
@@ -629,7 +652,7 @@ func TestLostCommitReplyGetsTheStoredAnswer(t *testing.T) {
 			// The COMMIT's reply was lost: the handler believes it failed.
 			http.Error(w, `{"type":"order-not-recorded"}`, http.StatusInternalServerError)
 		})
-		srv := httptest.NewServer(b.guard.Middleware(bearerScope)(h))
+		srv := httptest.NewServer(b.guard.Middleware(bearerScope, nil)(h))
 		t.Cleanup(srv.Close)
 		key := newKey()
 		first := send(t, srv, call{user: "alice", keys: []string{key}, body: "a"})

@@ -156,8 +156,8 @@ func TestTransactionalJoin(t *testing.T) {
 		}
 		work := func(commit bool, status int) idem.Work {
 			return func(ctx context.Context) (idem.Response, error) {
-				intent, ok := idem.IntentFromContext(ctx)
-				require.True(t, ok)
+				intent := idem.ExecutionFromContext(ctx).Intent
+				require.NotZero(t, intent)
 				id := idem.DeriveID("ord_", "order", intent)
 				tx, err := b.pool.Begin(ctx)
 				require.NoError(t, err)
@@ -190,7 +190,7 @@ func TestTransactionalJoin(t *testing.T) {
 		// is in progress.
 		r2 := req("u", newKey(), "y")
 		_, out, _ = b.guard.Do(ctx, r2, work(false, http.StatusInternalServerError))
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		require.Equal(t, 1, count())
 		_, out, err = b.guard.Do(ctx, r2, nil2xx(t))
 		require.ErrorIs(t, err, idem.ErrInProgress)
@@ -203,7 +203,7 @@ func TestTransactionalJoin(t *testing.T) {
 		resp4, out, err := b.guard.Do(ctx, r4, work(false, http.StatusCreated))
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, resp4.Status)
-		require.Equal(t, idem.OutcomeExecutedPending, out)
+		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		_, out, err = b.guard.Do(ctx, r4, nil2xx(t))
 		require.ErrorIs(t, err, idem.ErrInProgress, "the rolled-back 201 must not be replayed")
 		require.Equal(t, idem.OutcomeInProgress, out)
@@ -260,7 +260,7 @@ func TestMiddlewareTransactionalJoin(t *testing.T) {
 			http.Error(w, "db", http.StatusServiceUnavailable)
 			return
 		}
-		idem.WriteResponse(w, resp)
+		resp.Write(w)
 	})
 	hb = setupHTTP(t, "table", handler)
 	key := newKey()

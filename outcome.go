@@ -15,12 +15,13 @@ const (
 	// OutcomeExecuted: the work ran and its answer is stored; every retry
 	// with the same key and fingerprint is replayed this answer.
 	OutcomeExecuted
-	// OutcomeExecutedPending: the work ran but its answer is not stored: it
+	// OutcomeExecutedUnstored: the work ran but its answer is not stored: it
 	// was a 5xx or an error ("we don't know yet"), or storing it failed. The
-	// key stays in progress, so retries get ErrInProgress until the key is
-	// settled ([Guard.Settle]) or released ([Guard.Release]); it never
-	// expires meanwhile.
-	OutcomeExecutedPending
+	// key stays in progress, so retries get ErrInProgress, then ErrPending
+	// once it waits for reconciliation, until the key is settled
+	// ([Guard.Settle]) or released ([Guard.Release]); it never expires
+	// meanwhile. ("Pending" always means that wait, never this outcome.)
+	OutcomeExecutedUnstored
 	// OutcomeExecutedReleased: the work ran and declared that nothing
 	// happened (a 429, [MarkRetrySafe], or an error wrapping [ErrRetrySafe]);
 	// the key was released and the next retry runs the work again.
@@ -40,7 +41,7 @@ const (
 var outcomeNames = [...]string{
 	OutcomeNone:             "none",
 	OutcomeExecuted:         "executed",
-	OutcomeExecutedPending:  "executed_pending",
+	OutcomeExecutedUnstored: "executed_unstored",
 	OutcomeExecutedReleased: "executed_released",
 	OutcomeReplayed:         "replayed",
 	OutcomeInProgress:       "in_progress",
@@ -57,10 +58,10 @@ func (o Outcome) String() string {
 
 // Executed reports whether the work ran for this request.
 func (o Outcome) Executed() bool {
-	return o == OutcomeExecuted || o == OutcomeExecutedPending || o == OutcomeExecutedReleased
+	return o == OutcomeExecuted || o == OutcomeExecutedUnstored || o == OutcomeExecutedReleased
 }
 
-// Errors returned by Guard.Do and the middleware's helpers. Compare with
+// Errors returned by Guard.Do, Complete and ParseKey. Compare with
 // errors.Is; returned errors may wrap them with a cause.
 var (
 	// ErrInProgress: the key is claimed and has no answer yet (HTTP 409 with
@@ -84,6 +85,28 @@ var (
 	// ErrRetrySafe can be returned (or wrapped) by the work to declare that it
 	// did nothing that a retry could repeat; the key is released.
 	ErrRetrySafe = errors.New("idem: nothing happened, retry is safe")
+
+	// Errors of Complete.
+
+	// ErrNotGuarded: the context does not belong to a guarded execution.
+	ErrNotGuarded = errors.New("idem: context does not belong to a guarded execution")
+	// ErrJoinUnsupported: the Guard's store cannot write through a caller's
+	// transaction (it is not a [Joiner]).
+	ErrJoinUnsupported = errors.New("idem: store cannot join a transaction")
+	// ErrSuperseded: the key no longer takes this execution's answer: its
+	// claim was released, settled or taken over while the work ran (only
+	// work that overran the Guard's MaxHold, or a hand-made release, allows
+	// it), or this execution already committed another answer. Roll back
+	// and answer 409: the client's retry gets the stored answer.
+	ErrSuperseded = errors.New("idem: the key no longer takes this execution's answer")
+
+	// Errors of ParseKey; an invalid key is a *KeyError.
+
+	// ErrKeyMissing: the request has no Idempotency-Key header.
+	ErrKeyMissing = errors.New("idem: Idempotency-Key header missing")
+	// ErrKeyInvalid: the header is present but unusable. The error is a
+	// *KeyError saying why.
+	ErrKeyInvalid = errors.New("idem: Idempotency-Key header invalid")
 )
 
 type pendingError struct{}

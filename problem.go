@@ -7,26 +7,6 @@ import (
 	"time"
 )
 
-// DefaultProblemBase prefixes the type URI of every problem the middleware
-// sends unless WithProblemBase says otherwise. Each type is documented under
-// its slug in docs/problems.md.
-const DefaultProblemBase = "https://github.com/idemguard/idem/blob/main/docs/problems.md#"
-
-// Problem type slugs. A problem's Type is the configured base followed by one
-// of these; they are stable and clients may switch on them.
-const (
-	ProblemKeyMissing            = "idempotency-key-missing" // 400
-	ProblemKeyInvalid            = "idempotency-key-invalid" // 400
-	ProblemKeyReused             = "idempotency-key-reused"  // 422
-	ProblemInProgress            = "request-in-progress"     // 409, Retry-After (RetryHints.InProgress)
-	ProblemPending               = "request-pending"         // 409, Retry-After (RetryHints.Pending)
-	ProblemUnauthenticated       = "unauthenticated"         // 401 (configurable)
-	ProblemAuthorizationRepeated = "authorization-repeated"  // 400: two Authorization fields
-	ProblemBodyTooLarge          = "request-body-too-large"  // 413
-	ProblemBodyInvalid           = "request-body-invalid"    // 400
-	ProblemServiceUnavailable    = "service-unavailable"     // 503, Retry-After (RetryHints.Unavailable)
-)
-
 // Problem is an RFC 9457 Problem Details object. Only Type, Title, Status and
 // Detail are rendered; Detail is written for the client and never holds
 // internal error text.
@@ -45,14 +25,10 @@ type Problem struct {
 	Err error `json:"-"`
 }
 
-// ProblemRenderer writes a problem to the client. Replace it with
-// WithProblemRenderer to change the format; it must write a complete
-// response.
-type ProblemRenderer func(w http.ResponseWriter, r *http.Request, p Problem)
-
-// RenderProblem is the default ProblemRenderer: application/problem+json with
-// Cache-Control: no-store, and Retry-After when the problem asks for it.
-func RenderProblem(w http.ResponseWriter, _ *http.Request, p Problem) {
+// Write writes p to w: application/problem+json with Cache-Control: no-store,
+// and Retry-After when the problem asks for it. It is how the middleware
+// renders problems unless MiddlewareConfig.RenderProblem says otherwise.
+func (p Problem) Write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")

@@ -24,12 +24,6 @@ type Request struct {
 	Fingerprint Fingerprint
 }
 
-// Limits on Request fields.
-const (
-	MaxKeyLen   = 255
-	MaxScopeLen = 1024
-)
-
 func (r Request) validate() error {
 	if err := validText(r.Scope, MaxScopeLen); err != "" {
 		return &RequestError{Field: "Scope", Reason: err}
@@ -67,7 +61,7 @@ type Response struct {
 }
 
 // Work is the guarded operation. Its ctx carries the execution (see
-// [IntentFromContext], [MarkRetrySafe], [Complete]) and a deadline
+// [ExecutionFromContext], [MarkRetrySafe], [Complete]) and a deadline
 // WorkTimeout after the claim. The returned Response decides what happens to
 // the key:
 //
@@ -94,50 +88,43 @@ func MarkRetrySafe(ctx context.Context) bool {
 	return true
 }
 
-// RequestFromContext returns the Request of the guarded execution that ctx
-// belongs to (the work's context, or the request context a guarded HTTP
-// handler receives).
-func RequestFromContext(ctx context.Context) (Request, bool) {
-	x := executionFrom(ctx)
-	if x == nil {
-		return Request{}, false
-	}
-	return x.req, true
+// Execution is what a guarded execution knows of itself: its Request, its
+// intent and which attempt of the intent it is.
+type Execution struct {
+	// Request is the Request being executed.
+	Request Request
+	// Intent is the key's intent (see [Token]). Handlers derive the
+	// identifiers of what they create from it with DeriveID; it is the same
+	// in every attempt of the intent.
+	Intent Token
+	// Attempt is which attempt of its intent the execution is: 1 for the
+	// first claim of the key, then one more after each release (the work
+	// returned 429 or ErrRetrySafe, called MarkRetrySafe, or a reconciler
+	// found that nothing happened). A reconciler sees the same number
+	// (reconcile.Item.Attempt).
+	//
+	// Most providers should see one key per intent, the same in every
+	// attempt (DownstreamKey over a DeriveID of the intent), so that a
+	// release made in error meets their idempotency instead of charging
+	// twice. A provider that stores an error answer under its key (and
+	// replays it to every retry of the key) needs a fresh key per attempt
+	// instead: derive it from the attempt too, for example
+	//
+	//	x := idem.ExecutionFromContext(ctx)
+	//	id := idem.DeriveID("ch_", "charge/"+strconv.Itoa(x.Attempt), x.Intent)
+	//
+	// and have the reconciler look up every attempt up to Item.Attempt.
+	Attempt int
 }
 
-// IntentFromContext returns the intent of the guarded execution that ctx
-// belongs to (see [Token]). Handlers derive the identifiers of what they
-// create from it with DeriveID; it is the same in every attempt of the
-// intent.
-func IntentFromContext(ctx context.Context) (Token, bool) {
+// ExecutionFromContext returns the guarded execution that ctx belongs to
+// (the work's context, or the request context a guarded HTTP handler
+// receives), or the zero Execution (Attempt 0, the zero Token) when ctx
+// belongs to none.
+func ExecutionFromContext(ctx context.Context) Execution {
 	x := executionFrom(ctx)
 	if x == nil {
-		return Token{}, false
+		return Execution{}
 	}
-	return x.intent, true
-}
-
-// AttemptFromContext returns which attempt of its intent the guarded
-// execution that ctx belongs to is: 1 for the first claim of the key, then
-// one more after each release (the work returned 429 or ErrRetrySafe, called
-// MarkRetrySafe, or a reconciler found that nothing happened). A reconciler
-// sees the same number (reconcile.Item.Attempt).
-//
-// Most providers should see one key per intent, the same in every attempt
-// (DownstreamKey over a DeriveID of the intent), so that a release made in
-// error meets their idempotency instead of charging twice. A provider that
-// stores an error answer under its key (and replays it to every retry of
-// the key) needs a fresh key per attempt instead: derive it from the attempt
-// too, for example
-//
-//	attempt, _ := idem.AttemptFromContext(ctx)
-//	id := idem.DeriveID("ch_", "charge/"+strconv.Itoa(attempt), intent)
-//
-// and have the reconciler look up every attempt up to Item.Attempt.
-func AttemptFromContext(ctx context.Context) (int, bool) {
-	x := executionFrom(ctx)
-	if x == nil {
-		return 0, false
-	}
-	return x.attempt, true
+	return Execution{Request: x.req, Intent: x.intent, Attempt: x.attempt}
 }

@@ -277,7 +277,7 @@ func (f *failover) run(t *testing.T, specs []guardSpec, rc redis.UniversalClient
 					return idem.Response{Status: http.StatusCreated}, nil
 				})
 				once.Do(started.Done)
-				if out != idem.OutcomeExecutedPending {
+				if out != idem.OutcomeExecutedUnstored {
 					t.Errorf("%s: the answer of work running at the crash is not stored: got %v, %v", in.label(), out, err)
 				}
 			})

@@ -3,7 +3,7 @@ package idem
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +15,7 @@ import (
 // grows.
 type Stats struct {
 	Executed         uint64 // work ran, answer stored
-	Pending          uint64 // work ran, answer unknown or not stored: key left in progress
+	Unstored         uint64 // work ran, answer unknown or not stored: key left in progress
 	Released         uint64 // keys released: work declared nothing happened, or Guard.Release
 	Replayed         uint64 // stored answer returned (from the store or the cache)
 	InProgress       uint64 // refused with ErrInProgress
@@ -40,7 +40,7 @@ type event int
 
 const (
 	evExecuted event = iota
-	evPending
+	evUnstored
 	evReleased
 	evReplayed
 	evInProgress
@@ -62,7 +62,7 @@ const (
 )
 
 var eventNames = [numEvents]string{
-	evExecuted: "executed", evPending: "executed_pending", evReleased: "released",
+	evExecuted: "executed", evUnstored: "executed_unstored", evReleased: "released",
 	evReplayed: "replayed", evInProgress: "in_progress", evKeyReused: "key_reused",
 	evKeyMissing: "key_missing", evKeyInvalid: "key_invalid", evSettled: "settled",
 	evFallback: "fallback", evStoreError: "store_error",
@@ -96,12 +96,6 @@ type telemetry struct {
 	evOpts  [numEvents]metric.AddOption
 	phOpts  [numPhases]metric.RecordOption
 }
-
-// Instrument names, for dashboards.
-const (
-	MetricEvents = "idem.events"         // counter; attribute "event": executed, replayed, in_progress, ...
-	MetricPhase  = "idem.phase.duration" // histogram in seconds; attribute "phase": lock, claim, read, store, lease
-)
 
 func (t *telemetry) init(mp metric.MeterProvider) error {
 	if mp == nil {
@@ -158,7 +152,7 @@ func (t *telemetry) since(ctx context.Context, p phase, start time.Time) {
 func (g *Guard) Stats() Stats {
 	c := &g.tel.counts
 	return Stats{
-		Executed: c[evExecuted].Load(), Pending: c[evPending].Load(), Released: c[evReleased].Load(),
+		Executed: c[evExecuted].Load(), Unstored: c[evUnstored].Load(), Released: c[evReleased].Load(),
 		Replayed: c[evReplayed].Load(), InProgress: c[evInProgress].Load(), KeyReused: c[evKeyReused].Load(),
 		KeyMissing: c[evKeyMissing].Load(), KeyInvalid: c[evKeyInvalid].Load(),
 		Settled: c[evSettled].Load(), Fallbacks: c[evFallback].Load(), StoreErrors: c[evStoreError].Load(),
@@ -175,13 +169,15 @@ func newToken() Token {
 	return t
 }
 
-// KeyHash identifies an intent in logs without revealing the key: the first
-// 8 bytes of SHA-256 over the length-prefixed scope and key, in hex. Every
-// log line of the guard carries it as "key_hash"; compute it for a known
-// key to find its lines.
+// KeyHash names the intent (scope, key) without revealing the key: the
+// unpadded base64url of HashParts(scope, key), 43 characters. It is the one
+// hash of (scope, key) of the module: every log line of the guard, the
+// reconciler and grpcidem carries it as "key_hash", package lock's Redis key
+// holds it, and durable's notifications name the key by it. Compute it for a
+// known key to find its lines and its lease.
 func KeyHash(scope, key string) string {
 	fp := HashParts([]byte(scope), []byte(key))
-	return hex.EncodeToString(fp[:8])
+	return base64.RawURLEncoding.EncodeToString(fp[:])
 }
 
 func keyHash(req Request) string { return KeyHash(req.Scope, req.Key) }

@@ -123,11 +123,11 @@ func (r Record) InProgress() bool { return r.Answer == nil }
 //     [Guard.Release] act only on the attempt whose owner they name;
 //   - as the intent of a key (Record.Intent): what a client meant by
 //     sending it. The first claim of a key draws it and the key's row
-//     keeps it, so the work ([IntentFromContext]), every retry that finds
+//     keeps it, so the work ([ExecutionFromContext]), every retry that finds
 //     the row, and a reconciler looking at it later (reconcile.Item.Intent)
 //     all see the same one. A key released because nothing happened keeps
 //     its intent: the next claim is another attempt of the same intent (see
-//     [AttemptFromContext]). Only a key claimed again after it expired is a
+//     [Execution.Attempt]). Only a key claimed again after it expired is a
 //     new intent with a new Token.
 //
 // Name what the work creates after its intent (DeriveID): a retry after a

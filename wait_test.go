@@ -176,7 +176,7 @@ func TestNoWaitForPendingKeys(t *testing.T) {
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	_, out, _ := b.guard.Do(ctx, r, (&counter{resp: idem.Response{Status: 504}}).work)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 	_, err := b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", r.Key)
 	require.NoError(t, err)
 	start := time.Now()
@@ -187,7 +187,7 @@ func TestNoWaitForPendingKeys(t *testing.T) {
 	require.Zero(t, b.guard.Stats().WaitTimeouts+b.guard.Stats().Waited)
 }
 
-// Over HTTP: WithWait turns the 409 into the replayed answer.
+// Over HTTP: MiddlewareConfig.Wait turns the 409 into the replayed answer.
 func TestMiddlewareWait(t *testing.T) {
 	started, open := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -198,7 +198,7 @@ func TestMiddlewareWait(t *testing.T) {
 	})
 	subscribed := make(chan struct{}, 1)
 	b := setup(t, "table", withWait, withSubscribeSignal(subscribed))
-	srv := httptest.NewServer(b.guard.Middleware(bearerScope, idem.WithWait(10*time.Second))(slow))
+	srv := httptest.NewServer(b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 10 * time.Second})(slow))
 	t.Cleanup(srv.Close)
 	k := newKey()
 	post := func(out chan<- *http.Response) {
@@ -232,19 +232,19 @@ func TestMiddlewareWait(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 }
 
-// WithWait on a Guard without a Waiter is a misconfiguration: no request
-// could wait, every retry would get 409 at once. Middleware fails when it is
-// built, and CheckOptions says why, for Do's callers.
+// MiddlewareConfig.Wait on a Guard without a Waiter is a misconfiguration: no
+// request could wait, every retry would get 409 at once. Middleware fails
+// when it is built, and CheckOptions says why, for Do's callers.
 func TestWaitNeedsAWaiter(t *testing.T) {
 	const msg = "idem: waiting up to 5s (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once"
 	b := setup(t, "table")
-	require.PanicsWithError(t, msg, func() { b.guard.Middleware(bearerScope, idem.WithWait(5*time.Second)) })
+	require.PanicsWithError(t, msg, func() { b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 5 * time.Second}) })
 	require.EqualError(t, b.guard.CheckOptions(idem.WaitFor(5*time.Second)), msg)
-	require.NotPanics(t, func() { b.guard.Middleware(bearerScope, idem.WithWait(0)) })
+	require.NotPanics(t, func() { b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 0}) })
 	require.NoError(t, b.guard.CheckOptions(idem.WaitFor(0)))
 	require.NoError(t, b.guard.CheckOptions())
 
 	w := setup(t, "table", withWait)
 	require.NoError(t, w.guard.CheckOptions(idem.WaitFor(5*time.Second)))
-	require.NotPanics(t, func() { w.guard.Middleware(bearerScope, idem.WithWait(5*time.Second)) })
+	require.NotPanics(t, func() { w.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 5 * time.Second}) })
 }

@@ -278,7 +278,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			}
 			h := http.Handler(handler)
 			if !c.bare {
-				h = g.Middleware(scope)(handler)
+				h = g.Middleware(scope, nil)(handler)
 			}
 			rd := bytes.NewReader(body)
 			req, err := http.NewRequestWithContext(b.Context(), http.MethodPost, "/orders", io.NopCloser(rd))

@@ -32,10 +32,10 @@ var servings = []serving{
 // costs a client: the time to the first byte and to the last byte of a first
 // execution, through real HTTP over loopback (httptest.Server, one kept-alive
 // connection) and the real store on PostgreSQL, for answers of 1 KiB, 64 KiB
-// and 1 MiB (the default WithMaxResponseBody, the largest answer stored).
-// Every iteration sends one request to each of three servings of the same
-// handler, in an order that rotates with the iteration so that a drift of the
-// machine falls on all three alike:
+// and 1 MiB (the default MiddlewareConfig.MaxResponseBody, the largest answer
+// stored). Every iteration sends one request to each of three servings of the
+// same handler, in an order that rotates with the iteration so that a drift
+// of the machine falls on all three alike:
 //
 //   - bare: the handler without the guard;
 //   - streamed: the guard's claim, then the handler flushes, so the answer
@@ -83,8 +83,8 @@ func BenchmarkAnswerLatency(b *testing.B) {
 			scope := func(*http.Request) (string, bool) { return "user-42", true }
 			mux := http.NewServeMux()
 			mux.Handle("POST /bare", app(false))
-			mux.Handle("POST /streamed", g.Middleware(scope)(app(true)))
-			mux.Handle("POST /stored", g.Middleware(scope)(app(false)))
+			mux.Handle("POST /streamed", g.Middleware(scope, nil)(app(true)))
+			mux.Handle("POST /stored", g.Middleware(scope, nil)(app(false)))
 			srv := httptest.NewServer(mux)
 			b.Cleanup(srv.Close)
 			client := srv.Client()

@@ -48,7 +48,7 @@ func BenchmarkWaitLatency(b *testing.B) {
 	for _, mode := range []string{"wait", "retry-after"} {
 		b.Run("mode="+mode, func(b *testing.B) {
 			store, pool := testdb.Store(b, &durable.Config{Notify: true})
-			l, err := durable.NewListener(b.Context(), store, pool, discard)
+			l, err := durable.NewListener(b.Context(), store, pool)
 			if err != nil {
 				b.Fatal(err)
 			}

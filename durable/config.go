@@ -3,23 +3,28 @@ package durable
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// Defaults of [Config].
+// Defaults of [Config] and [SweeperConfig].
 const (
 	// DefaultTable is the table name created by the migrations.
 	DefaultTable = "idempotency_keys"
 	// DefaultRetention is how long a key lives when Config.Retention is 0.
 	DefaultRetention = 24 * time.Hour
-	// DefaultSweepBatchSize is the number of rows [Store.Sweep] deletes per
-	// statement when Config.SweepBatchSize is 0.
-	DefaultSweepBatchSize = 1000
 	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
 	DefaultAdmissionWait = time.Second
+
+	// Defaults of [SweeperConfig].
+
+	DefaultSweepInterval     = time.Hour
+	DefaultSweepBatchSize    = 1000
+	DefaultSweepBatchPause   = 10 * time.Millisecond
+	DefaultSweepBatchTimeout = 30 * time.Second
 )
 
 // maxTableLen leaves room for the longest suffix the migrations append
@@ -55,16 +60,10 @@ type Config struct {
 	// Retention is how long a key lives, measured on the database clock
 	// from the row's created_at. An expired row is invisible to every call
 	// and is taken over by the next Claim of its key, even before
-	// Sweep deletes it. It is passed to SQL in whole microseconds.
+	// a [Sweeper] deletes it. It is passed to SQL in whole microseconds.
 	//
 	// Defaults to 24h.
 	Retention time.Duration
-
-	// SweepBatchSize is the number of expired rows one DELETE of
-	// [Store.Sweep] removes, which bounds how long it holds row locks.
-	//
-	// Defaults to 1000.
-	SweepBatchSize int
 
 	// Notify makes Complete and Release announce the key on the table's
 	// notification channel (pg_notify, in the same statement, so at the
@@ -118,6 +117,16 @@ type Config struct {
 	//
 	// At most 1024. Defaults to 0: one plain table.
 	Partitions int
+
+	// Logger is the logger of the store's background parts: a [Sweeper]
+	// logs one line per run (Info when rows were deleted, Debug when there
+	// was nothing to do or another instance held the lease, Error when the
+	// run failed), a [Listener] its lost and regained connections. Give it
+	// the Guard's (idem.Config.Logger), as pgidem does. Migrate does not
+	// read it.
+	//
+	// Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Validate reports whether cfg (nil is valid) would be accepted by New and
@@ -141,11 +150,11 @@ func (cfg *Config) withDefaults() (Config, error) {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.SweepBatchSize == 0 {
-		c.SweepBatchSize = DefaultSweepBatchSize
-	}
 	if c.AdmissionWait == 0 {
 		c.AdmissionWait = DefaultAdmissionWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c, c.validate()
 }
@@ -173,9 +182,6 @@ func (c *Config) validate() error {
 	}
 	if c.AdmissionWait < 0 {
 		return fmt.Errorf("durable: Config.AdmissionWait: must not be negative, got %v", c.AdmissionWait)
-	}
-	if c.SweepBatchSize < 1 {
-		return fmt.Errorf("durable: Config.SweepBatchSize: must be positive, got %d", c.SweepBatchSize)
 	}
 	return nil
 }

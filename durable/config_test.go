@@ -34,7 +34,7 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{name: "nil", cfg: nil},
 		{name: "zero", cfg: &durable.Config{}},
-		{name: "all set", cfg: &durable.Config{Schema: "idem", Table: "keys_v2", Retention: time.Hour, SweepBatchSize: 10}},
+		{name: "all set", cfg: &durable.Config{Schema: "idem", Table: "keys_v2", Retention: time.Hour}},
 		{name: "table 40 bytes", cfg: &durable.Config{Table: strings.Repeat("t", 40)}},
 		{name: "schema upper case", cfg: &durable.Config{Schema: "Idem"}, err: "durable: Config.Schema:"},
 		{name: "schema quote", cfg: &durable.Config{Schema: `a"b`}, err: "durable: Config.Schema:"},
@@ -44,7 +44,6 @@ func TestConfigValidation(t *testing.T) {
 		{name: "table too long", cfg: &durable.Config{Table: strings.Repeat("t", 41)}, err: "durable: Config.Table:"},
 		{name: "negative retention", cfg: &durable.Config{Retention: -time.Hour}, err: "durable: Config.Retention:"},
 		{name: "sub-microsecond retention", cfg: &durable.Config{Retention: time.Nanosecond}, err: "durable: Config.Retention:"},
-		{name: "negative batch", cfg: &durable.Config{SweepBatchSize: -1}, err: "durable: Config.SweepBatchSize:"},
 		{name: "negative partitions", cfg: &durable.Config{Partitions: -1}, err: "durable: Config.Partitions:"},
 		{name: "too many partitions", cfg: &durable.Config{Partitions: 1025}, err: "durable: Config.Partitions: must be between 0 and 1024, got 1025"},
 	}

@@ -60,7 +60,13 @@ func pgHarness(retention time.Duration, partitions int) idemtest.Harness {
 		},
 		Retention: retention,
 		Sweep: func(t *testing.T, s idem.Store) (int64, error) {
-			return s.(*durable.Store).Sweep(t.Context())
+			store := s.(*durable.Store)
+			pool, _ := pools.Load(store)
+			sw, err := durable.NewSweeper(store, pool.(*pgxpool.Pool), &durable.SweeperConfig{BatchPause: -1})
+			if err != nil {
+				return 0, err
+			}
+			return sw.SweepOnce(t.Context())
 		},
 	}
 	return h

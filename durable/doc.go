@@ -40,7 +40,7 @@
 // invisible: [Store.Get] reports idem.ErrNotFound, and the next [Store.Claim] of
 // its key takes the row over in place (new fingerprint, new intent, new
 // owner, attempt 1, no answer, new created_at) as a new intent, whether or
-// not [Store.Sweep] has deleted it yet. Sweep only reclaims space.
+// not a [Sweeper] has deleted it yet. Sweeping only reclaims space.
 //
 // # One round trip
 //
@@ -55,7 +55,7 @@
 // statement takes it over) or races with
 // another claimer (one more statement), the failure paths of the guarded
 // writes (one more statement to tell idem.ErrNotFound, idem.ErrNotOwner and
-// idem.ErrCompleted apart), and Sweep, which repeats batches.
+// idem.ErrCompleted apart).
 //
 // # Transactions
 //

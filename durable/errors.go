@@ -34,7 +34,33 @@ func (e *opError) Error() string {
 		b.WriteString(": ")
 	}
 	if e.err != nil {
-		b.WriteString(e.err.Error())
+		b.WriteString(oneLine(e.err.Error()))
+	}
+	return b.String()
+}
+
+// oneLine joins the lines of a driver's message (pgx puts each address it
+// failed to connect to on a line of its own) so that the error reads as one
+// log line: a line ending in ':' runs on into the next, the others are
+// separated by "; ".
+func oneLine(s string) string {
+	if !strings.Contains(s, "\n") {
+		return s
+	}
+	var b strings.Builder
+	for i, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if i > 0 && b.Len() > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(line)
 	}
 	return b.String()
 }

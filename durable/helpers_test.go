@@ -28,6 +28,15 @@ func setup(t *testing.T, cfg *durable.Config) *bundle {
 	return &bundle{ctx: t.Context(), store: store, pool: pool}
 }
 
+// sweep runs one sweep of b's table (Sweeper.SweepOnce), batch rows per
+// DELETE (0: the default).
+func (b *bundle) sweep(t *testing.T, ctx context.Context, batch int) (int64, error) {
+	t.Helper()
+	sw, err := durable.NewSweeper(b.store, b.pool, &durable.SweeperConfig{BatchSize: batch, BatchPause: -1})
+	require.NoError(t, err)
+	return sw.SweepOnce(ctx)
+}
+
 func token(t testing.TB) idem.Token {
 	t.Helper()
 	var tok idem.Token

@@ -103,3 +103,20 @@ func TestLockKey(t *testing.T) {
 	require.NotEqual(t, a, lockKey(&Config{Schema: "a", Table: "c"}))
 	require.NotEqual(t, a, lockKey(&Config{Schema: "ab", Table: ""}))
 }
+
+// TestKeyTagIsKeyHash: a notification names its key by the module's one hash
+// of (scope, key), the key_hash of the log lines.
+func TestKeyTagIsKeyHash(t *testing.T) {
+	require.Equal(t, idem.KeyHash("user-1", "key-1"), keyTag("user-1", "key-1"))
+	require.NotEqual(t, keyTag("user-1", "key-1"), keyTag("user-1k", "ey-1"))
+}
+
+// TestOneLine: a driver's message over several lines (pgx lists each
+// address it failed to connect to) reads as one line in the store's error.
+func TestOneLine(t *testing.T) {
+	require.Equal(t, "plain", oneLine("plain"))
+	require.Equal(t, "failed to connect to `user=postgres`: a: dial error; b: dial error",
+		oneLine("failed to connect to `user=postgres`:\n\ta: dial error\n\tb: dial error"))
+	err := &opError{op: "claim", err: errors.New("x:\n\ty\n\tz")}
+	require.Equal(t, "durable: claim: x: y; z", err.Error())
+}

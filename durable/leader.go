@@ -14,11 +14,20 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrLeaseLost is the error of [Leader.Do] when its lease could not be
-// renewed in time: fn's context was cancelled before the lease could have
-// expired, so that fn had stopped acting as the leader before another
-// holder could take over.
-var ErrLeaseLost = errors.New("durable: lease lost")
+// Errors of the leases of the jobs that run one instance at a time
+// ([Leader], and so [Sweeper] and the reconciler). Compare with errors.Is.
+var (
+	// ErrLocked is returned by [Leader.Do], [Sweeper.SweepOnce] and
+	// reconcile.Reconciler.RunOnce when another instance holds the table's
+	// lease of the job: it is running right now, so this round is skipped.
+	// It is a normal outcome when the job runs on every instance.
+	ErrLocked = errors.New("durable: another instance holds the lease")
+	// ErrLeaseLost is the error of [Leader.Do] when its lease could not be
+	// renewed in time: fn's context was cancelled before the lease could
+	// have expired, so that fn had stopped acting as the leader before
+	// another holder could take over.
+	ErrLeaseLost = errors.New("durable: lease lost")
+)
 
 // leaseMargin is the share of a lease's remaining time that its holder
 // leaves unused (one eighth): room for a difference between the rates of

@@ -282,7 +282,6 @@ func TestSweepersTakeTurns(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
 		seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
 		newSweeper := func(cfg durable.SweeperConfig) *durable.Sweeper {
-			cfg.Logger = quietLogger()
 			sw, err := durable.NewSweeper(b.store, target.pool(t), &cfg)
 			require.NoError(t, err)
 			return sw

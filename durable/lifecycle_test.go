@@ -24,7 +24,7 @@ func TestUnansweredRowNeverExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, claimed, "a row in progress is never taken over")
 	require.Equal(t, p.Owner, rec.Owner)
-	n, err := b.store.Sweep(b.ctx)
+	n, err := b.sweep(t, b.ctx, 0)
 	require.NoError(t, err)
 	require.Zero(t, n, "a row in progress is never swept")
 
@@ -34,12 +34,12 @@ func TestUnansweredRowNeverExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, claimed)
 	require.Equal(t, 201, rec.Answer.Status, "replayed, not a new intent")
-	n, err = b.store.Sweep(b.ctx)
+	n, err = b.sweep(t, b.ctx, 0)
 	require.NoError(t, err)
 	require.Zero(t, n)
 
 	b.age(t, p.Scope, p.Key, "1 hour 2 minutes") // answered 2 minutes ago
-	n, err = b.store.Sweep(b.ctx)
+	n, err = b.sweep(t, b.ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 }

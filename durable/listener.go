@@ -3,7 +3,6 @@ package durable
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemguard/idem"
 )
 
 // channelOf is the notification channel of a table (quoted, qualified name):
@@ -23,18 +24,9 @@ func channelOf(table string) string {
 	return "idem_" + hex.EncodeToString(sum[:8])
 }
 
-// keyTag names a key in a notification without revealing it: 16 hex digits
-// of the SHA-256 of the length-prefixed scope and key.
-func keyTag(scope, key string) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
-}
+// keyTag names a key in a notification without revealing it:
+// idem.KeyHash, the key_hash of the log lines.
+func keyTag(scope, key string) string { return idem.KeyHash(scope, key) }
 
 // Listener wakes the requests that wait for a key's answer (idem's
 // Config.Waiter; *Listener implements idem.Waiter). It holds one PostgreSQL
@@ -73,22 +65,19 @@ type Acquirer interface {
 
 // NewListener starts listening for the announcements of store's table on a
 // connection taken from pool (taken for good: the pool has one connection
-// fewer while the Listener runs). A nil logger uses slog.Default(). It
+// fewer while the Listener runs). It logs to the store's Config.Logger. It
 // returns once the first LISTEN has gone through, so every announcement made
 // after it returns reaches the subscribers of its key, or an error (wrapping
 // ctx's) when that did not happen before ctx ended.
-func NewListener(ctx context.Context, store *Store, pool Acquirer, logger *slog.Logger) (*Listener, error) {
+func NewListener(ctx context.Context, store *Store, pool Acquirer) (*Listener, error) {
 	if store == nil || pool == nil {
 		return nil, errors.New("durable: NewListener needs a store and a pool")
-	}
-	if logger == nil {
-		logger = slog.Default()
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	l := &Listener{
 		pool:    pool,
 		channel: store.channel,
-		log:     logger,
+		log:     store.cfg.Logger,
 		subs:    map[string]map[*subscription]struct{}{},
 		stop:    stop,
 		done:    make(chan struct{}),
@@ -105,7 +94,7 @@ func NewListener(ctx context.Context, store *Store, pool Acquirer, logger *slog.
 }
 
 // Subscribe registers interest in the answer of (scope, key). The returned
-// channel receives (without blocking the Listener: one pending wake-up is
+// channel receives (without blocking the Listener: one queued wake-up is
 // kept) whenever the key is announced or announcements may have been missed.
 // Call cancel when done; it is safe to call more than once.
 func (l *Listener) Subscribe(scope, key string) (wake <-chan struct{}, cancel func()) {
@@ -154,7 +143,7 @@ func (l *Listener) wake(tag string) {
 		for s := range set {
 			select {
 			case s.ch <- struct{}{}:
-			default: // a wake-up is already pending
+			default: // a wake-up is already queued
 			}
 		}
 	}

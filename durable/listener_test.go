@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -57,7 +56,7 @@ func drain(ch <-chan struct{}) {
 // newListener starts a Listener; it listens when NewListener returns.
 func newListener(t *testing.T, b *bundle) *durable.Listener {
 	t.Helper()
-	l, err := durable.NewListener(b.ctx, b.store, b.pool, slog.New(slog.DiscardHandler))
+	l, err := durable.NewListener(b.ctx, b.store, b.pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.Close()) })
 	return l
@@ -138,7 +137,7 @@ func TestListenerNeedsNotify(t *testing.T) {
 // missed an announcement), the Listener reconnects, and announcements reach
 // subscribers again. Close wakes everyone, and later subscribers at once.
 func TestListenerReconnects(t *testing.T) {
-	if _, err := durable.NewListener(t.Context(), nil, nil, nil); err == nil {
+	if _, err := durable.NewListener(t.Context(), nil, nil); err == nil {
 		t.Fatal("NewListener without a store must fail")
 	}
 	b := setup(t, &durable.Config{Notify: true})

@@ -40,7 +40,7 @@ CREATE TABLE ` + versionTable + ` (
 // once at start-up: one applies the migrations, the others wait and find
 // nothing to do. It then creates the schema if one is set and absent, and
 // the version table idem_migrations in that schema if absent, and applies
-// each pending NNNN_*.up.sql file in version order with the object names
+// each unapplied NNNN_*.up.sql file in version order with the object names
 // renamed after cfg.Table, recording each version. With cfg.Partitions set,
 // the table is created hash-partitioned on user_id into that many
 // partitions. Last, it checks that the table's layout (plain, or its number

@@ -28,8 +28,7 @@ var errContended = errors.New("row kept changing under concurrent claims and rel
 
 // Store reads and writes the idempotency table. Every method is one
 // statement, so one round trip, except where its comment says otherwise
-// (Claim under a race, the failure paths of Complete and Release, and
-// Sweep).
+// (Claim under a race, and the failure paths of Complete and Release).
 //
 // A Store is safe for concurrent use. Its methods never change its state;
 // [Store.WithDB] returns a copy bound to another DB, such as a transaction.
@@ -135,7 +134,7 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 //
 //   - expired (answered or released longer than the retention ago): the
 //     claim is a new intent (p.Intent, attempt 1, p's fingerprint), even
-//     before Sweep has deleted the row;
+//     before a Sweeper has deleted the row;
 //   - released, and p has the row's fingerprint: the claim is the next
 //     attempt of the same intent (the row's Intent, Attempt + 1).
 //
@@ -339,32 +338,6 @@ func (s *Store) sweepBatch(ctx context.Context, op string, limit int) (int64, er
 		return 0, translate(op, err)
 	}
 	return tag.RowsAffected(), nil
-}
-
-// Sweep deletes every expired row (answered or released longer than the
-// retention ago; a row in progress never expires), in batches of Config.SweepBatchSize rows,
-// one statement each, until a batch deletes fewer rows than that. It returns
-// how many rows it deleted. When ctx ends it stops between or during batches
-// and returns the count so far together with an error wrapping ctx's error.
-//
-// Sweep is for a periodic job; expired rows are invisible to every other call
-// whether or not they have been swept.
-func (s *Store) Sweep(ctx context.Context) (int64, error) {
-	const op = "sweep"
-	var total int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, &opError{op: op, err: err}
-		}
-		n, err := s.sweepBatch(ctx, op, s.cfg.SweepBatchSize)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n < int64(s.cfg.SweepBatchSize) {
-			return total, nil
-		}
-	}
 }
 
 func checkKey(op, scope, key string) error {

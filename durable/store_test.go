@@ -608,7 +608,7 @@ FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 	}
 
 	t.Run("deletes only expired rows, in batches", func(t *testing.T) {
-		b := setup(t, &durable.Config{SweepBatchSize: 1000})
+		b := setup(t, nil)
 		seed(t, b, "expired", 2500, "25 hours")
 		seed(t, b, "live", 10, "23 hours")
 		b.claim(t, params(t, "live", "fresh", "a"))
@@ -617,7 +617,7 @@ FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 		b.claim(t, params(t, "live", "unanswered", "a"))
 		b.age(t, "live", "unanswered", "48 hours")
 
-		n, err := b.store.Sweep(b.ctx)
+		n, err := b.sweep(t, b.ctx, 1000)
 		require.NoError(t, err)
 		require.EqualValues(t, 2500, n)
 		require.Equal(t, 12, b.count(t))
@@ -626,17 +626,17 @@ FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 			`SELECT count(*) FROM `+b.store.Table()+` WHERE user_id = 'expired'`).Scan(&expired))
 		require.Zero(t, expired)
 
-		n, err = b.store.Sweep(b.ctx)
+		n, err = b.sweep(t, b.ctx, 1000)
 		require.NoError(t, err)
 		require.Zero(t, n)
 	})
 
 	t.Run("cancelled", func(t *testing.T) {
-		b := setup(t, &durable.Config{SweepBatchSize: 10})
+		b := setup(t, nil)
 		seed(t, b, "expired", 100, "25 hours")
 		ctx, cancel := context.WithCancel(b.ctx)
 		cancel()
-		n, err := b.store.Sweep(ctx)
+		n, err := b.sweep(t, ctx, 10)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Zero(t, n)
 		require.Equal(t, 100, b.count(t))

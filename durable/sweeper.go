@@ -12,19 +12,6 @@ import (
 	"github.com/idemguard/idem/internal/periodic"
 )
 
-// ErrLocked is returned by [Sweeper.SweepOnce] (and [Leader.Do]) when
-// another instance holds the table's lease of the job: it is sweeping right
-// now, so this round is skipped. It is a normal outcome when the sweeper
-// runs on every instance.
-var ErrLocked = errors.New("durable: another instance holds the lease")
-
-// Defaults of [SweeperConfig].
-const (
-	DefaultSweepInterval     = time.Hour
-	DefaultSweepBatchPause   = 10 * time.Millisecond
-	DefaultSweepBatchTimeout = 30 * time.Second
-)
-
 // SweeperConfig tunes a [Sweeper]. A nil *SweeperConfig is valid and gives
 // every default.
 type SweeperConfig struct {
@@ -33,7 +20,7 @@ type SweeperConfig struct {
 	Interval time.Duration
 	// BatchSize is the number of expired rows one DELETE removes: the bound
 	// on how many row locks one statement holds, and for how long. Defaults
-	// to the store's Config.SweepBatchSize (1000 by default).
+	// to 1000.
 	BatchSize int
 	// BatchPause is slept between two batches of one run, to leave the
 	// database's CPU and I/O to the requests being served while a large
@@ -44,10 +31,6 @@ type SweeperConfig struct {
 	// statement half-way; this timeout is what bounds it then. Defaults to
 	// 30s.
 	BatchTimeout time.Duration
-	// Logger receives one line per run: Info when rows were deleted, Debug
-	// when there was nothing to do or another instance held the lease,
-	// Error when the run failed. Defaults to slog.Default().
-	Logger *slog.Logger
 	// MeterProvider, when set, receives the sweeper's metrics through the
 	// OpenTelemetry metric API, for every run that obtained the lease (and
 	// every run that failed before it could): the counter
@@ -108,16 +91,13 @@ func NewSweeper(store *Store, db DB, cfg *SweeperConfig) (*Sweeper, error) {
 		c.Interval = DefaultSweepInterval
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = store.cfg.SweepBatchSize
+		c.BatchSize = DefaultSweepBatchSize
 	}
 	if c.BatchPause == 0 {
 		c.BatchPause = DefaultSweepBatchPause
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = DefaultSweepBatchTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	switch {
 	case c.Interval < 0:
@@ -158,11 +138,11 @@ func (sw *Sweeper) Run(ctx context.Context) error {
 	return nil
 }
 
-// SweepOnce runs one sweep, for tests and for cron-style use: it takes the
-// table's sweep lease and, when it gets it, deletes expired rows in batches
-// of BatchSize (one statement each, with BatchPause between them) until a
-// batch deletes fewer than BatchSize rows, renewing the lease meanwhile. It
-// returns how many rows it deleted.
+// SweepOnce runs one sweep, for tests and for cron-style use (the only way to
+// sweep outside Run): it takes the table's sweep lease and, when it gets it,
+// deletes expired rows in batches of BatchSize (one statement each, with
+// BatchPause between them) until a batch deletes fewer than BatchSize rows,
+// renewing the lease meanwhile. It returns how many rows it deleted.
 //
 // When another instance holds the lease it returns 0 and an error wrapping
 // [ErrLocked] without deleting anything. When ctx ends, or the lease could
@@ -197,7 +177,7 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 	})
 	took := time.Since(start)
 	if errors.Is(err, ErrLocked) {
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lease",
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep skipped, another instance holds the lease",
 			slog.String("table", sw.store.Table()))
 		return 0, &opError{op: "sweep", kind: ErrLocked}
 	}
@@ -223,14 +203,14 @@ func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration
 	switch {
 	case err != nil && ctx.Err() != nil:
 		outcome = "stopped"
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: sweep stopped", attrs...)
 	case err != nil:
 		outcome = "error"
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: sweep failed", append(attrs, slog.Any("error", err))...)
 	case deleted > 0:
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: swept expired keys", attrs...)
 	default:
-		sw.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
+		sw.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: sweep found nothing to delete", attrs...)
 	}
 	sw.metrics.record(ctx, deleted, took, outcome)
 	if sw.cfg.OnSweep != nil {

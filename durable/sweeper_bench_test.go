@@ -58,7 +58,7 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
 	store := migrated.WithDB(pool)
-	swCfg := &durable.SweeperConfig{Logger: quietLogger()}
+	swCfg := &durable.SweeperConfig{}
 	if v := os.Getenv("IDEM_BENCH_BATCH"); v != "" {
 		swCfg.BatchSize = envInt(b, "IDEM_BENCH_BATCH", 0)
 	}

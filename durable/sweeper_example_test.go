@@ -41,6 +41,7 @@ func ExampleSweeper_SweepOnce() {
 	if err := durable.Migrate(ctx, pool, cfg); err != nil {
 		log.Fatal(err)
 	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil)) // the sweeper's; give it the Guard's
 	store, err := durable.New(pool, cfg)
 	if err != nil {
 		log.Fatal(err)
@@ -55,7 +56,6 @@ func ExampleSweeper_SweepOnce() {
 	}
 
 	sweeper, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnSweep: func(deleted int64, took time.Duration, err error) {
 			// Export to metrics here.
 		},

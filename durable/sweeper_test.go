@@ -44,16 +44,13 @@ func newSweeper(t *testing.T, b *bundle, cfg durable.SweeperConfig) (*durable.Sw
 	cfg.OnSweep = func(deleted int64, took time.Duration, err error) {
 		reports <- sweepReport{deleted, err}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
-	}
 	sw, err := durable.NewSweeper(b.store, b.pool, &cfg)
 	require.NoError(t, err)
 	return sw, reports
 }
 
 func TestSweeperDeletesOnlyExpiredRows(t *testing.T) {
-	b := setup(t, &durable.Config{SweepBatchSize: 1000})
+	b := setup(t, nil)
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 2500, "25 hours")
 	seedAged(t, b.ctx, b.pool, b.store, "live", 10, "23 hours")
 	done := params(t, "live", "done", "a")

@@ -76,12 +76,6 @@ func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { i
 // waiting.
 func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
 
-// WithLogger sets where the interceptor logs what a client is not told (a
-// request it cannot fingerprint, a stored answer it cannot decode, an answer
-// not stored). The guard logs its own decisions to its Config.Logger.
-// Defaults to slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(ic *interceptor) { ic.log = l } }
-
 type interceptor struct {
 	g           *idem.Guard
 	scope       ScopeFunc
@@ -107,7 +101,7 @@ type interceptor struct {
 // metadata ("idempotency-key": exactly one value of 1 to 255 characters of
 // printable ASCII, no comma, no leading or trailing space) and fingerprints
 // the full method name with the request message (see Fingerprint). The
-// handler receives the guard's work context: idem.IntentFromContext,
+// handler receives the guard's work context: idem.ExecutionFromContext,
 // idem.MarkRetrySafe and grpc.SetHeader work on it.
 //
 // The handler's result decides what retries get (the package documentation
@@ -144,7 +138,7 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 		mdKey:       DefaultMetadataKey,
 		fingerprint: Fingerprint,
 		maxResp:     idem.DefaultMaxResponseBody,
-		log:         slog.Default(),
+		log:         g.Logger(), // what a client is not told: the Guard's Config.Logger
 	}
 	for _, o := range opts {
 		o(ic)
@@ -156,8 +150,6 @@ func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc
 		panic("grpcidem: WithFingerprint: nil function")
 	case ic.maxResp <= 0:
 		panic("grpcidem: WithMaxResponseSize: must be positive")
-	case ic.log == nil:
-		panic("grpcidem: WithLogger: nil logger")
 	}
 	if ic.wait > 0 {
 		ic.doOpts = []idem.DoOption{idem.WaitFor(ic.wait)}
@@ -202,7 +194,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	switch outcome {
 	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
 		return out, herr
-	case idem.OutcomeExecutedPending:
+	case idem.OutcomeExecutedUnstored:
 		if err != nil && !errors.Is(err, errNotFinal) {
 			// Not a choice of the handler: an answer it meant as final
 			// could not be stored.

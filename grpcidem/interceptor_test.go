@@ -302,7 +302,7 @@ func TestInternalLeavesKeyInProgressUntilSettled(t *testing.T) {
 	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
 		runs.Add(1)
-		id, _ := idem.IntentFromContext(ctx) // the handler runs in the guard's work context
+		id := idem.ExecutionFromContext(ctx).Intent // the handler runs in the guard's work context
 		intents <- id
 		return nil, status.Error(codes.Internal, "provider timed out")
 	}
@@ -389,14 +389,14 @@ func TestStoreUnavailable(t *testing.T) {
 	g, err := idem.New(store, &idem.Config{Logger: quiet, StoreTimeout: time.Second})
 	require.NoError(t, err)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet)), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
 
 	r := charge(t, conn, "user-1", newKey(), order(t, 42))
 	requireRetryDelay(t, 2*time.Second, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
 	require.NotContains(t, status.Convert(r.err).Message(), "127.0.0.1", "internal error text never reaches the client")
 
 	for _, hint := range []time.Duration{-1, 5 * time.Second} {
-		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet),
+		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata,
 			grpcidem.WithRetryHints(idem.RetryHints{Unavailable: hint})), c.handle)
 		r := charge(t, conn, "user-1", newKey(), order(t, 42))
 		requireRetryDelay(t, hint, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
@@ -412,7 +412,7 @@ func TestHybridStrategy(t *testing.T) {
 	locker, err := lock.New(rdb, nil)
 	require.NoError(t, err)
 	g := newGuard(t, db, &idem.Config{Lock: locker})
-	require.Equal(t, idem.StrategyHybrid, g.Strategy())
+	require.Equal(t, "hybrid", g.Strategy())
 	var c counter
 	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
 	key := newKey()
@@ -473,7 +473,7 @@ func TestWithFingerprint(t *testing.T) {
 		return grpcidem.Fingerprint(method, s)
 	}
 	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithFingerprint(fp), grpcidem.WithLogger(quiet)), c.handle)
+		grpcidem.WithFingerprint(fp)), c.handle)
 	key := newKey()
 
 	req := order(t, 42)
@@ -496,7 +496,7 @@ func TestAnswerTooLargeIsDeliveredNotStored(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
 	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithMaxResponseSize(8), grpcidem.WithLogger(quiet)), c.handle)
+		grpcidem.WithMaxResponseSize(8)), c.handle)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -512,11 +512,11 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 	g := newGuard(t, db, nil)
 	intents := make(chan idem.Token, 1)
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
-		id, _ := idem.IntentFromContext(ctx)
+		id := idem.ExecutionFromContext(ctx).Intent
 		intents <- id
 		return nil, status.Error(codes.Internal, "boom")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithLogger(quiet)), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
 	key := newKey()
 	require.Error(t, charge(t, conn, "user-1", key, order(t, 42)).err)
 

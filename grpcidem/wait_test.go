@@ -35,7 +35,7 @@ func (w signalWaiter) Subscribe(scope, key string) (<-chan struct{}, func()) {
 func waitingGuard(t *testing.T, subscribed chan<- struct{}) *idem.Guard {
 	t.Helper()
 	db := newTestDBWith(t, durable.Config{Notify: true})
-	l, err := durable.NewListener(t.Context(), db.store, db.pool, quiet)
+	l, err := durable.NewListener(t.Context(), db.store, db.pool)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	return newGuard(t, db, &idem.Config{Waiter: signalWaiter{l, subscribed}})

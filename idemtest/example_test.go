@@ -56,7 +56,7 @@ func ExampleMemStore() {
 		log.Fatal(err)
 	}
 	charges := 0
-	h := guard.Middleware(userScope)(ordersHandler(&charges))
+	h := guard.Middleware(userScope, nil)(ordersHandler(&charges))
 
 	const key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
 	post(h, key, `{"hold_ids":[88211]}`)
@@ -93,7 +93,7 @@ func ExampleMemStore_hybrid() {
 		log.Fatal(err)
 	}
 	charges := 0
-	h := guard.Middleware(userScope)(ordersHandler(&charges))
+	h := guard.Middleware(userScope, nil)(ordersHandler(&charges))
 
 	const key = "0b9c3f52-5d0e-4c4f-9d38-2a0c6f1e7a11"
 	post(h, key, `{"hold_ids":[88211]}`)
@@ -118,7 +118,7 @@ func ExampleMemStore_Age() {
 		log.Fatal(err)
 	}
 	charges := 0
-	h := guard.Middleware(userScope)(ordersHandler(&charges))
+	h := guard.Middleware(userScope, nil)(ordersHandler(&charges))
 
 	const key = "5f1d7a0e-9b7c-4e43-8f65-3c2d1b0a9e88"
 	post(h, key, `{"hold_ids":[88211]}`)

@@ -262,7 +262,7 @@ func (s *MemStore) Age(scope, key string, by time.Duration) bool {
 }
 
 // Sweep deletes every expired row and returns how many it deleted, as
-// [durable.Store.Sweep]. Expired rows are invisible to every other call
+// [durable.Sweeper.SweepOnce]. Expired rows are invisible to every other call
 // whether or not they have been swept. When ctx has ended it deletes nothing
 // and returns an error wrapping ctx's error.
 func (s *MemStore) Sweep(ctx context.Context) (int64, error) {

@@ -31,16 +31,15 @@ package lock
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem"
 )
 
 // Errors returned by this package. Compare with errors.Is: the returned errors
@@ -172,19 +171,10 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 func (l *Locker) TTL() time.Duration { return l.cfg.TTL }
 
 // Key returns the Redis key of the intent (scope, key): the prefix followed by
-// a hash tag holding the base64url SHA-256 of the length-prefixed scope and
-// key. Different (scope, key) pairs always give different Redis keys.
+// a hash tag holding idem.KeyHash(scope, key), the key_hash of the guard's
+// log lines. Different (scope, key) pairs always give different Redis keys.
 func (l *Locker) Key(scope, key string) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	binary.BigEndian.PutUint64(n[:], uint64(len(key)))
-	h.Write(n[:])
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return l.cfg.Prefix + "{" + base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])) + "}"
+	return l.cfg.Prefix + "{" + idem.KeyHash(scope, key) + "}"
 }
 
 // Obtain takes the lease of (scope, key) with state as its value, in one
@@ -323,6 +313,9 @@ func (l *Locker) callCtx(ctx context.Context) (context.Context, context.CancelFu
 // result wraps ctx.Err() and not ErrUnavailable: Redis was not at fault.
 func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) { // go-redis returned ctx's own error: say it once
+			return fmt.Errorf("lock: %s: %w", op, err)
+		}
 		return fmt.Errorf("lock: %s: %w: %w", op, cerr, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)

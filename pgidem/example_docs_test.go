@@ -127,7 +127,7 @@ func ExampleNew_production() {
 
 	scope := func(r *http.Request) (string, bool) { return userID(r.Context()) }
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", svc.Middleware(scope)(http.HandlerFunc(createOrder)))
+	mux.Handle("POST /orders", svc.Middleware(scope, nil)(http.HandlerFunc(createOrder)))
 
 	srv := httptest.NewServer(authenticate(mux))
 	for range 2 { // the click, then the browser's retry

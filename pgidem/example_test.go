@@ -68,7 +68,7 @@ func ExampleNew() {
 	scope := func(r *http.Request) (string, bool) {
 		return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	h := svc.Middleware(scope)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := svc.Middleware(scope, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/orders/1")
 		w.WriteHeader(http.StatusCreated)
 	}))

@@ -7,7 +7,7 @@
 //	svc, err := pgidem.New(pool, rdb, resolve, nil) // rdb nil: the table strategy
 //	if err != nil { ... }
 //	go svc.Run(ctx) // on every instance: one at a time reconciles and sweeps
-//	mux.Handle("POST /orders", svc.Middleware(scope)(createOrder))
+//	mux.Handle("POST /orders", svc.Middleware(scope, nil)(createOrder))
 //
 // It replaces wiring by hand: durable.New, lock.New, idem.New,
 // durable.NewListener, reconcile.New and durable.NewSweeper, and a goroutine
@@ -34,11 +34,11 @@
 // # One Logger, one MeterProvider, one Retry-After
 //
 // The Guard's Logger and MeterProvider (Config.Guard) serve every part: the
-// Listener, the reconciler and the sweeper log to the same Logger unless
-// their own Config sets one, and their metrics come from the same
-// MeterProvider. The Retry-After of a key pending reconciliation
-// ([Service.RetryHints]) is derived from the reconciler's settings, and
-// [Service.Middleware] sends it.
+// reconciler logs to the Guard's Logger, the Listener and the sweeper to the
+// store's Config.Logger, which defaults to the Guard's, and their metrics
+// come from the same MeterProvider. The Retry-After of a key pending
+// reconciliation ([Service.RetryHints]) is derived from the reconciler's
+// settings, and [Service.Middleware] sends it.
 package pgidem
 
 import (
@@ -78,25 +78,25 @@ type Config struct {
 	// Lock configures the Redis lease of the hybrid strategy; New refuses it
 	// without a Redis client. Defaults to lock's defaults (lock.Config).
 	Lock *lock.Config
-	// Reconcile configures the reconciler that Run starts. Its Logger
-	// defaults to the Guard's; its MeterProvider must be nil (the Guard's
+	// Reconcile configures the reconciler that Run starts; it logs to the
+	// Guard's Logger. Its MeterProvider must be nil (the Guard's
 	// is used). Its MinAge and Interval set the Retry-After of a key
 	// pending reconciliation (Service.RetryHints). Defaults to reconcile's
 	// defaults (reconcile.Config: every 30s, MinAge 1m).
 	Reconcile *reconcile.Config
-	// Sweep configures the expiry sweeper that Run starts. Its Logger
-	// defaults to the Guard's; its MeterProvider must be nil (the Guard's
-	// is used). Defaults to durable's defaults (durable.SweeperConfig:
-	// hourly, in batches of 1000).
+	// Sweep configures the expiry sweeper that Run starts; it logs to
+	// Store.Logger (the Guard's by default). Its MeterProvider must be nil
+	// (the Guard's is used). Defaults to durable's defaults
+	// (durable.SweeperConfig: hourly, in batches of 1000).
 	Sweep *durable.SweeperConfig
-	// Wait, when positive, lets a retry that finds its key running wait up
-	// to Wait for the answer instead of being refused with 409: New gives
-	// the Guard a Waiter, Run keeps a Listener (one connection of the pool)
-	// behind it, and Service.Middleware waits (idem.WithWait; callers of
-	// Guard.Do pass idem.WaitFor(Wait)). It needs Store.Notify on every
-	// instance that writes the table, and must be shorter than the Guard's
-	// MaxHold. Keep it below the client's own timeout. Defaults to 0: no
-	// request waits, no Listener.
+	// Wait, when positive, lets a retry that finds its key running wait up to
+	// Wait for the answer instead of being refused with 409: New gives the
+	// Guard a Waiter, Run keeps a Listener (one connection of the pool)
+	// behind it, and Service.Middleware waits (idem.MiddlewareConfig.Wait;
+	// callers of Guard.Do pass idem.WaitFor(Wait)). It needs Store.Notify on
+	// every instance that writes the table, and must be shorter than the
+	// Guard's MaxHold. Keep it below the client's own timeout. Defaults to 0:
+	// no request waits, no Listener.
 	Wait time.Duration
 }
 
@@ -113,7 +113,6 @@ type Service struct {
 	waiter     *waiter // nil without Config.Wait
 	wait       time.Duration
 	hints      idem.RetryHints
-	log        *slog.Logger
 	ran        atomic.Bool
 }
 
@@ -166,11 +165,8 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve reconcile.Resolv
 		guardCfg.Logger = slog.Default()
 	}
 	log := guardCfg.Logger
-	if recCfg.Logger == nil {
-		recCfg.Logger = log
-	}
-	if sweepCfg.Logger == nil {
-		sweepCfg.Logger = log
+	if storeCfg.Logger == nil {
+		storeCfg.Logger = log // the Sweeper's and the Listener's
 	}
 	recCfg.MeterProvider = guardCfg.MeterProvider
 	sweepCfg.MeterProvider = guardCfg.MeterProvider
@@ -186,7 +182,7 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, resolve reconcile.Resolv
 		}
 		guardCfg.Lock = locker
 	}
-	s := &Service{store: store, pool: pool, wait: c.Wait, log: log}
+	s := &Service{store: store, pool: pool, wait: c.Wait}
 	if c.Wait > 0 {
 		s.waiter = newWaiter()
 		guardCfg.Waiter = s.waiter
@@ -252,15 +248,27 @@ func (s *Service) Guard() *idem.Guard { return s.guard }
 // (grpcidem.WithRetryHints).
 func (s *Service) RetryHints() idem.RetryHints { return s.hints }
 
-// Middleware is Guard().Middleware with the Service's RetryHints and, with
-// Config.Wait, idem.WithWait(Config.Wait) applied first; opts come after them
-// and may override them. See idem.Guard.Middleware.
-func (s *Service) Middleware(scope idem.ScopeFunc, opts ...idem.Option) func(http.Handler) http.Handler {
-	all := []idem.Option{idem.WithRetryHints(s.hints)}
-	if s.wait > 0 {
-		all = append(all, idem.WithWait(s.wait))
+// Middleware is Guard().Middleware with cfg, whose zero RetryHints fields
+// and zero Wait take the Service's: its RetryHints and Config.Wait. A nil cfg
+// is valid. See idem.Guard.Middleware.
+func (s *Service) Middleware(scope idem.ScopeFunc, cfg *idem.MiddlewareConfig) func(http.Handler) http.Handler {
+	var c idem.MiddlewareConfig
+	if cfg != nil {
+		c = *cfg
 	}
-	return s.guard.Middleware(scope, append(all, opts...)...)
+	if c.RetryHints.InProgress == 0 {
+		c.RetryHints.InProgress = s.hints.InProgress
+	}
+	if c.RetryHints.Pending == 0 {
+		c.RetryHints.Pending = s.hints.Pending
+	}
+	if c.RetryHints.Unavailable == 0 {
+		c.RetryHints.Unavailable = s.hints.Unavailable
+	}
+	if c.Wait == 0 {
+		c.Wait = s.wait
+	}
+	return s.guard.Middleware(scope, &c)
 }
 
 // Run runs the reconciler, the sweeper and, with Config.Wait, the Listener,
@@ -307,7 +315,7 @@ func (s *Service) Run(ctx context.Context) error {
 // listen keeps a Listener behind the Guard's Waiter until ctx ends.
 func (s *Service) listen(ctx context.Context) error {
 	defer s.waiter.stop()
-	l, err := durable.NewListener(ctx, s.store, s.pool, s.log)
+	l, err := durable.NewListener(ctx, s.store, s.pool)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it listened

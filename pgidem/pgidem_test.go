@@ -157,7 +157,7 @@ func forEachRedis(t *testing.T, fn func(t *testing.T, withRedis bool)) {
 }
 
 // TestRunSettlesAndSweeps: the reconciler and the sweeper that Run starts
-// settle a key a 504 left pending (a retry then replays the real answer) and
+// settle a key a 504 left in progress (a retry then replays the real answer) and
 // delete a row past its retention.
 func TestRunSettlesAndSweeps(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, withRedis bool) {
@@ -180,12 +180,12 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 		svc, err := pgidem.New(b.pool, b.rdb, resolve, cfg)
 		require.NoError(t, err)
 		if withRedis {
-			require.Equal(t, idem.StrategyHybrid, svc.Guard().Strategy())
+			require.Equal(t, "hybrid", svc.Guard().Strategy())
 		} else {
-			require.Equal(t, idem.StrategyTable, svc.Guard().Strategy())
+			require.Equal(t, "table", svc.Guard().Strategy())
 		}
 		var runs atomic.Int32
-		h := svc.Middleware(bearer)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := svc.Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			http.Error(w, "payment timed out", http.StatusGatewayTimeout)
 		}))

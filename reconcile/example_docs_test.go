@@ -78,7 +78,7 @@ func ExampleNew() {
 	// The request: the provider charges, but its answer never comes.
 	req := idem.Request{Scope: "user-42", Key: "key-1", Fingerprint: idem.HashRequest("POST", "/orders", []byte(`{"hold_ids":[88211]}`))}
 	resp, out, _ := guard.Do(ctx, req, func(ctx context.Context) (idem.Response, error) {
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		paymentKey, err := idem.DownstreamKey("order", idem.DeriveID("ord_", "order", intent))
 		if err != nil {
 			return idem.Response{}, err
@@ -122,6 +122,6 @@ func ExampleNew() {
 	}
 	fmt.Println("retry:", resp.Status, out, resp.Header.Get("Location") != "")
 	// Output:
-	// request: 504 executed_pending
+	// request: 504 executed_unstored
 	// retry: 201 replayed true
 }

@@ -73,8 +73,7 @@ func ExampleReconciler_RunOnce() {
 			Body:   []byte(`{"order":"A1"}`),
 		}}, nil
 	}, &reconcile.Config{
-		MinAge: time.Minute, // longer than the Guard's MaxHold (20s + 5s)
-		Logger: quiet,
+		MinAge: time.Minute, // longer than the Guard's MaxHold (20s + 5s); logs to the Guard's quiet Logger
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -96,7 +95,7 @@ func ExampleReconciler_RunOnce() {
 	fmt.Println("retry:", resp.Status, out, string(resp.Body))
 
 	// Output:
-	// first try: 504 executed_pending
+	// first try: 504 executed_unstored
 	// retry: idem: request in progress
 	// reconciled: {Settled:1 Released:0 Unknown:0 Skipped:0 Errors:0}
 	// retry: 201 replayed {"order":"A1"}

@@ -50,12 +50,6 @@ func TestDecisionValidate(t *testing.T) {
 	}
 }
 
-func TestKeyHash(t *testing.T) {
-	require.Len(t, keyHash("user-1", "key-1"), 16)
-	require.Equal(t, keyHash("user-1", "key-1"), keyHash("user-1", "key-1"))
-	require.NotEqual(t, keyHash("user-1", "key-1"), keyHash("user-1k", "ey-1"), "length-prefixed")
-}
-
 func TestVerdictString(t *testing.T) {
 	require.Equal(t, "unknown", Unknown.String())
 	require.Equal(t, "settled", Settled.String())

@@ -44,7 +44,7 @@ func (f *fleet) instance(t *testing.T, resolve reconcile.ResolveFunc) (*bundle, 
 	require.NoError(t, err)
 	g, err := idem.New(store, &idem.Config{Logger: quiet(), WorkTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	rec, err := reconcile.New(g, store, pool, resolve, &reconcile.Config{Logger: quiet()})
+	rec, err := reconcile.New(g, store, pool, resolve, nil)
 	require.NoError(t, err)
 	return &bundle{ctx: f.ctx, guard: g, store: store, pool: f.direct, res: &resolver{}}, rec
 }
@@ -129,7 +129,7 @@ func TestReconcilersTakeTurns(t *testing.T) {
 			<-leading
 			for range 5 {
 				res, err := second.RunOnce(f.ctx)
-				require.ErrorIs(t, err, reconcile.ErrLocked)
+				require.ErrorIs(t, err, durable.ErrLocked)
 				require.Equal(t, reconcile.Result{}, res)
 			}
 			stopA()
@@ -183,7 +183,7 @@ func TestReconcilersRace(t *testing.T) {
 					<-start
 					for range 3 {
 						res, err := r.RunOnce(f.ctx)
-						if err != nil && !errors.Is(err, reconcile.ErrLocked) {
+						if err != nil && !errors.Is(err, durable.ErrLocked) {
 							t.Error(err)
 						}
 						released.Add(int32(res.Released))

@@ -128,12 +128,12 @@ type Item struct {
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint idem.Fingerprint
 	// Intent is the key's intent (see idem.Token), the one its work saw
-	// through idem.IntentFromContext, the same in every attempt: derive
+	// through idem.ExecutionFromContext, the same in every attempt: derive
 	// from it (idem.DeriveID) the names of what the work created, to look
 	// them up.
 	Intent idem.Token
 	// Attempt is which attempt of the intent left the key in progress (1,
-	// then one more per release), as idem.AttemptFromContext told its work.
+	// then one more per release), as idem.ExecutionFromContext told its work.
 	// Names derived per attempt are to be looked up for every attempt up to
 	// this one.
 	Attempt int
@@ -168,6 +168,10 @@ type Guard interface {
 	Release(ctx context.Context, scope, key string, owner idem.Token) error
 	// MaxHold is the longest a running request keeps its key in progress.
 	MaxHold() time.Duration
+	// Logger is where the reconciler logs one line per action on a key
+	// (keys appear only as key_hash, idem.KeyHash) and one per run that did
+	// something: the Guard's Config.Logger.
+	Logger() *slog.Logger
 }
 
 // Store is the idempotency table a Reconciler works on. *durable.Store
@@ -201,12 +205,6 @@ type Store interface {
 	// Defer hides the listed attempt of a key until its own deadline.
 	Defer(ctx context.Context, d durable.Due) error
 }
-
-// ErrLocked is returned by [Reconciler.RunOnce] when another instance holds
-// the table's reconcile lease: it is reconciling right now, and this round
-// is skipped. It is a normal outcome when a Reconciler runs on every
-// instance.
-var ErrLocked = errors.New("reconcile: another instance holds the lease")
 
 // Defaults of [Config].
 const (
@@ -252,10 +250,6 @@ type Config struct {
 	// reconciler that dies mid-run delays the next run on another instance
 	// by up to that (20s by default). Defaults to 5s.
 	StoreTimeout time.Duration
-	// Logger receives one line per action on a key (keys appear only as a
-	// short hash, key_hash, the same as the Guard's) and one per run that
-	// did something. Defaults to slog.Default().
-	Logger *slog.Logger
 	// MeterProvider, when set, receives the reconciler's metrics through
 	// the OpenTelemetry metric API, for every run that obtained the lease
 	// (and every run that failed before it could): the counter
@@ -303,6 +297,7 @@ type Reconciler struct {
 	store   Store
 	resolve ResolveFunc
 	cfg     Config
+	log     *slog.Logger // the Guard's
 	leader  *durable.Leader
 	loop    periodic.Runner
 	metrics metrics
@@ -342,9 +337,6 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 	def(&c.StoreTimeout, DefaultStoreTimeout)
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	for _, f := range []struct {
 		name string
@@ -388,6 +380,7 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		store:   store,
 		resolve: resolve,
 		cfg:     c,
+		log:     guard.Logger(),
 		leader:  leader,
 		metrics: m,
 	}, nil
@@ -415,12 +408,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // first. It stops when no due key is left (or only keys it already handled in
 // this run, whose store calls failed).
 //
-// It returns what it did. The error is nil when the run went through, even
-// if some keys failed (they are counted in Result.Errors and logged); it
-// wraps [ErrLocked] when another instance holds the lease (nothing was
-// done), the context's error when ctx ended, durable.ErrLeaseLost when the
-// lease could not be renewed (the run stopped, as if cancelled, before the
-// lease could expire), or the store's error when listing failed.
+// It returns what it did. The error is nil when the run went through, even if
+// some keys failed (they are counted in Result.Errors and logged); it wraps
+// durable.ErrLocked when another instance holds the table's reconcile lease
+// (it is reconciling right now: nothing was done, a normal outcome when a
+// Reconciler runs on every instance), the context's error when ctx ended,
+// durable.ErrLeaseLost when the lease could not be renewed (the run stopped,
+// as if cancelled, before the lease could expire), or the store's error when
+// listing failed.
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
@@ -429,9 +424,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	})
 	took := time.Since(start)
 	if errors.Is(err, durable.ErrLocked) {
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
+		r.log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped, another instance holds the lease",
 			slog.String("table", r.store.Table()))
-		return res, ErrLocked
+		return res, fmt.Errorf("reconcile: %w", err)
 	}
 	if err != nil {
 		err = fmt.Errorf("reconcile: %w", err)
@@ -539,7 +534,7 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 // reports whether the key is no longer due: settled, released, postponed, or
 // changed by someone else.
 func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
-	log := r.cfg.Logger.With(slog.String("key_hash", keyHash(d.Scope, d.Key)))
+	log := r.log.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
 	if !d.Ended {
 		// The execution that holds the key may still run (a Guard with a
 		// longer MaxHold claimed it): leave it alone until its deadline.
@@ -690,14 +685,14 @@ func (r *Reconciler) report(ctx context.Context, res Result, took time.Duration,
 	switch {
 	case err != nil && ctx.Err() != nil:
 		outcome = "stopped"
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile stopped", attrs...)
 	case err != nil:
 		outcome = "error"
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
+		r.log.LogAttrs(ctx, slog.LevelError, "idem: reconcile failed", append(attrs, slog.Any("error", err))...)
 	case res != (Result{}):
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile run", attrs...)
 	default:
-		r.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
+		r.log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile found nothing to do", attrs...)
 	}
 	r.metrics.record(ctx, res, took, outcome)
 	if r.cfg.OnResult != nil {
@@ -711,6 +706,3 @@ func gone(err error) bool {
 	return errors.Is(err, idem.ErrCompleted) || errors.Is(err, idem.ErrNotFound) ||
 		errors.Is(err, idem.ErrNotOwner)
 }
-
-// keyHash is the Guard's, so lines of both can be matched.
-func keyHash(scope, key string) string { return idem.KeyHash(scope, key) }

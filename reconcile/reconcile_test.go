@@ -69,15 +69,13 @@ func forEachStrategy(t *testing.T, fn func(t *testing.T, b *bundle)) {
 }
 
 // reconciler returns a Reconciler of b with the defaults (MinAge 1m,
-// backoff 30s doubling), a quiet logger, and cfg's fields where set.
+// backoff 30s doubling), and cfg's fields where set; it logs to the
+// Guard's quiet logger.
 func (b *bundle) reconciler(t *testing.T, cfg *reconcile.Config) *reconcile.Reconciler {
 	t.Helper()
 	var c reconcile.Config
 	if cfg != nil {
 		c = *cfg
-	}
-	if c.Logger == nil {
-		c.Logger = quiet()
 	}
 	r, err := reconcile.New(b.guard, b.store, b.pool, b.res.resolve, &c)
 	require.NoError(t, err)
@@ -195,7 +193,7 @@ func (b *bundle) timedOut(t *testing.T, req idem.Request) {
 	w := &work{resp: idem.Response{Status: http.StatusGatewayTimeout}}
 	_, out, err := b.guard.Do(b.ctx, req, w.do)
 	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecutedPending, out)
+	require.Equal(t, idem.OutcomeExecutedUnstored, out)
 
 	_, out, err = b.guard.Do(b.ctx, req, w.do)
 	require.ErrorIs(t, err, idem.ErrInProgress)
@@ -519,7 +517,7 @@ func TestOneReconcilerAtATime(t *testing.T) {
 	}()
 	<-inside
 	res, err := second.RunOnce(b.ctx)
-	require.ErrorIs(t, err, reconcile.ErrLocked)
+	require.ErrorIs(t, err, durable.ErrLocked)
 	require.Equal(t, reconcile.Result{}, res)
 	close(leave)
 	require.Equal(t, reconcile.Result{Released: 1}, <-done)
@@ -540,7 +538,7 @@ func TestOneReconcilerAtATime(t *testing.T) {
 		r := b.reconciler(t, nil)
 		wg.Go(func() {
 			res, err := r.RunOnce(b.ctx)
-			if err != nil && !errors.Is(err, reconcile.ErrLocked) {
+			if err != nil && !errors.Is(err, durable.ErrLocked) {
 				t.Error(err)
 			}
 			total.Add(int32(res.Released))

@@ -326,7 +326,7 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 		}
 		return d, err
 	}, &reconcile.Config{
-		Interval: 50 * time.Millisecond, MinAge: recGuard.MaxHold() + 100*time.Millisecond, Logger: logger,
+		Interval: 50 * time.Millisecond, MinAge: recGuard.MaxHold() + 100*time.Millisecond,
 		OnResult: func(res reconcile.Result, _ time.Duration, _ error) {
 			recMu.Lock()
 			defer recMu.Unlock()

@@ -115,7 +115,7 @@ func exitCode(err error, stderr io.Writer) int {
 // config is the parsed command line.
 type config struct {
 	addr        string
-	strategy    idem.Strategy
+	strategy    string
 	databaseURL string
 	pool        *pgxpool.Config
 	schema      string
@@ -136,7 +136,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	var strategy string
 	fs.StringVar(&c.addr, "addr", defaultAddr, "listen `HOST:PORT` (port 0 picks a free port)")
-	fs.StringVar(&strategy, "strategy", string(idem.StrategyHybrid), "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
+	fs.StringVar(&strategy, "strategy", "hybrid", "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
 	fs.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "PostgreSQL connection `URL` ($DATABASE_URL)")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency_keys, checkout_orders and payrail_* tables (default: the connection's current schema)")
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
@@ -160,9 +160,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return usage("unexpected argument %q", fs.Arg(0))
 	}
-	c.strategy = idem.Strategy(strategy)
-	if c.strategy != idem.StrategyHybrid && c.strategy != idem.StrategyTable {
-		return usage("-strategy must be %q or %q, not %q", idem.StrategyHybrid, idem.StrategyTable, strategy)
+	c.strategy = strategy
+	if c.strategy != "hybrid" && c.strategy != "table" {
+		return usage("-strategy must be %q or %q, not %q", "hybrid", "table", strategy)
 	}
 	if _, _, err := net.SplitHostPort(c.addr); err != nil {
 		return usage("-addr %q: want HOST:PORT", c.addr)
@@ -247,7 +247,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Redis, for the hybrid strategy only.
 	redisDesc := "unused"
 	var rdb redis.UniversalClient // nil: the table strategy
-	if cfg.strategy == idem.StrategyHybrid {
+	if cfg.strategy == "hybrid" {
 		addr := cfg.redisAddr
 		if addr == embeddedRedis {
 			mr, err := miniredis.Run()
@@ -424,7 +424,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type service struct {
 	ready  atomic.Bool
 	next   http.Handler
-	render idem.ProblemRenderer
+	render func(w http.ResponseWriter, r *http.Request, p idem.Problem)
 }
 
 func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -458,10 +458,10 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // newHandler returns the service's routes. The guard's middleware comes from
 // svc: its pending Retry-After is derived from the reconciler's settings.
 func newHandler(svc *pgidem.Service, c *checkout) http.Handler {
-	guarded := svc.Middleware(bearerUser,
-		idem.WithProblemBase(problemBase),
-		idem.WithProblemRenderer(c.render),
-	)
+	guarded := svc.Middleware(bearerUser, &idem.MiddlewareConfig{
+		ProblemBase:   problemBase,
+		RenderProblem: c.render,
+	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", guarded(http.HandlerFunc(c.createOrder)))
 	mux.HandleFunc("GET /orders/{id}", c.getOrder)
@@ -477,7 +477,7 @@ func renderProblem(w http.ResponseWriter, r *http.Request, p idem.Problem) {
 	if p.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
 	}
-	idem.RenderProblem(w, r, p)
+	p.Write(w)
 }
 
 // describeDB names the database for logs without its password, whatever form

@@ -82,7 +82,7 @@ func (o *Order) paymentKey() string {
 type checkout struct {
 	payrail *Payrail
 	orders  *orderStore
-	render  idem.ProblemRenderer
+	render  func(w http.ResponseWriter, r *http.Request, p idem.Problem)
 	log     *slog.Logger
 }
 
@@ -103,9 +103,9 @@ type createOrderRequest struct {
 // "order paid" and "answer stored" cannot happen.
 func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	req, ok := idem.RequestFromContext(ctx) // the middleware guards this handler
-	intent, _ := idem.IntentFromContext(ctx)
-	if !ok {
+	x := idem.ExecutionFromContext(ctx) // the middleware guards this handler
+	req, intent := x.Request, x.Intent
+	if x.Attempt == 0 {
 		c.problem(w, r, http.StatusInternalServerError, "not-guarded", "Not guarded", "")
 		return
 	}
@@ -192,7 +192,7 @@ func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp 
 			"The payment was processed but its outcome could not be recorded yet. Retrying with the same Idempotency-Key is safe: it answers 409 until the outcome is known.")
 		return
 	}
-	idem.WriteResponse(w, resp)
+	resp.Write(w)
 }
 
 // createdResponse is the answer to a paid order. The reconciler builds the

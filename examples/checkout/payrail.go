@@ -297,10 +297,10 @@ func (p *Payrail) counts(ctx context.Context) (count, attempts int, err error) {
 func (p *Payrail) serveCount(w http.ResponseWriter, r *http.Request) {
 	count, attempts, err := p.counts(r.Context())
 	if err != nil {
-		idem.RenderProblem(w, r, idem.Problem{
+		idem.Problem{
 			Type: problemBase + problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "The payment provider's counters could not be read.", Slug: problemUnavailable, Err: err,
-		})
+		}.Write(w)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {

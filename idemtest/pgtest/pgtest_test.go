@@ -26,7 +26,7 @@ import (
 func createOrder(pool *pgxpool.Pool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		intent, _ := idem.IntentFromContext(ctx)
+		intent := idem.ExecutionFromContext(ctx).Intent
 		orderID := idem.DeriveID("ord_", "order", intent)
 		resp := idem.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/" + orderID}}}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -42,7 +42,7 @@ func createOrder(pool *pgxpool.Pool) http.HandlerFunc {
 			http.Error(w, "order not recorded", http.StatusInternalServerError)
 			return
 		}
-		idem.WriteResponse(w, resp)
+		resp.Write(w)
 	}
 }
 
@@ -69,7 +69,7 @@ func TestJoinedHandler(t *testing.T) {
 	require.NoError(t, err)
 	guard, err := idem.New(store, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	h := guard.Middleware(userScope)(createOrder(pool))
+	h := guard.Middleware(userScope, nil)(createOrder(pool))
 
 	first := post(h, "key-1", "/orders")
 	require.Equal(t, http.StatusCreated, first.StatusCode)

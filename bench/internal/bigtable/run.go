@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -205,7 +206,8 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	// counted, so a call must not be refused for that wait: AdmissionWait
 	// (100ms by default) would turn the pool's queue under mixed load into
 	// errors.
-	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName, Partitions: cfg.Partitions, AdmissionWait: time.Minute}
+	dcfg := &durable.Config{Schema: cfg.Schema, Table: TableName, Partitions: cfg.Partitions, AdmissionWait: time.Minute,
+		Logger: slog.New(slog.DiscardHandler)} // the sweeper's lines would break the progress lines
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()

@@ -2,8 +2,6 @@ package bigtable
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -87,9 +85,7 @@ func newSweeper(ctx context.Context, url string, store *durable.Store) (*sweeper
 	if err != nil {
 		return nil, err
 	}
-	sw, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	sw, err := durable.NewSweeper(store, pool, nil) // logs to the store's Config.Logger
 	if err != nil {
 		pool.Close()
 		return nil, err

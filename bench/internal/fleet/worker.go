@@ -177,7 +177,7 @@ func serve(ctx context.Context, addr, impl string, syncAnswers bool, strategy, s
 		guarded = g.Middleware(func(r *http.Request) (string, bool) {
 			s := r.Header.Get(ScopeHeader)
 			return s, s != ""
-		})(counted)
+		}, nil)(counted)
 	}
 	var (
 		statsMu       sync.Mutex

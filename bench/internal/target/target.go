@@ -150,7 +150,7 @@ func (t *guardTarget) Do(ctx context.Context, req idem.Request) (string, error) 
 		return out.String(), nil
 	case err != nil:
 		return out.String(), err
-	case out == idem.OutcomeExecutedPending:
+	case out == idem.OutcomeExecutedUnstored:
 		return out.String(), errors.New("answer not stored")
 	}
 	return out.String(), nil
