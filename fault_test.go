@@ -803,15 +803,24 @@ func TestFaultPostgresDown(t *testing.T) {
 				o.redis, o.prefix = c, testredis.Prefix(t, c)
 			}
 			r := newRig(t, o)
+			// The outage lasts its time and, on a loaded machine where the
+			// load may not reach PostgreSQL in that time, until a request
+			// has met it (at most 5 s more), so that it is tested.
+			outage := func(d time.Duration) {
+				time.Sleep(d)
+				for end := time.Now().Add(5 * time.Second); r.status503.Load() == 0 && time.Now().Before(end); {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 			all, recovered := r.load(6, 2*time.Second, nil, func() {
 				time.Sleep(600 * time.Millisecond)
 				if tc.fault == "refused" {
 					proxy.Refuse()
-					time.Sleep(700 * time.Millisecond)
+					outage(700 * time.Millisecond)
 					require.NoError(t, proxy.Resume())
 				} else {
 					require.NoError(t, pg.Stop("immediate"))
-					time.Sleep(300 * time.Millisecond)
+					outage(300 * time.Millisecond)
 					require.NoError(t, pg.Start())
 				}
 			})
