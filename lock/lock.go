@@ -13,6 +13,12 @@
 // the key. [Locker.Set] and [Locker.Delete] act whoever holds the key, for a
 // caller that knows the key's state from elsewhere.
 //
+// A Locker keeps one exchange with Redis out at a time: a command sent while
+// none is out goes at once, and the commands that arrive meanwhile go
+// together as one pipeline when it returns, each caller still bounded by its
+// own deadline. Under load that is one round trip's system calls for many
+// requests' leases, on both sides.
+//
 // The Redis key is derived from (scope, key) through SHA-256, so that any two
 // different intents get different Redis keys whatever bytes their scope and key
 // hold (no user input can forge another scope's key), and each intent lives in
