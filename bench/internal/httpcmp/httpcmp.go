@@ -7,8 +7,9 @@
 // reports the medians of the per-round ratios with their spread, and the
 // disk flushes per first execution (pg_stat_wal.wal_sync, server-wide).
 //
-// It stands in for issue 19's comparison with github.com/repenguin22/
-// idemlease, which the module proxy does not serve here (403).
+// The minimal SQL stands in for the strongest Go peer,
+// github.com/repenguin22/idemlease, which the module proxy does not serve
+// here (403).
 package httpcmp
 
 import (
