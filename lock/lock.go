@@ -205,10 +205,10 @@ func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []by
 	defer cancel()
 	reply, err := l.eval(cctx, l.obtain, lease.key, lease.value(state), l.cfg.TTL.Milliseconds())
 	switch {
-	case errors.Is(err, redis.Nil):
-		return lease, nil, 0, nil
 	case err != nil:
 		return nil, nil, 0, l.wrap(ctx, "obtain", err)
+	case reply == int64(1):
+		return lease, nil, 0, nil
 	}
 	list, _ := reply.([]any)
 	if len(list) != 2 {
