@@ -7,12 +7,12 @@ package idem_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,33 +145,64 @@ func TestClusterGuard(t *testing.T) {
 	})
 }
 
-// leaseSpy records the leases the guard's lock is granted, per Redis key, in
-// order: the lock's obtain script answers nil exactly when it took the key
-// (every other script of the lock answers a number or a state).
+// leaseSpy is a go-redis hook that records the leases the guard's lock is
+// granted, per Redis key, in order, whether a lock command went alone or in
+// one of the Locker's pipelines: a run of the lock's obtain script (known by
+// its SHA-1, or by its text when sent with EVAL) that answered 1, which it
+// does exactly when it took the key.
 type leaseSpy struct {
-	redis.UniversalClient
+	obtainSHA, obtainSrc string
+
 	mu      sync.Mutex
 	granted map[string][]time.Time
 }
 
-func (s *leaseSpy) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
-	return s.record(keys, s.UniversalClient.EvalSha(ctx, sha, keys, args...))
+func newLeaseSpy(t *testing.T) *leaseSpy {
+	src, err := os.ReadFile("lock/obtain.lua")
+	require.NoError(t, err)
+	return &leaseSpy{obtainSHA: redis.NewScript(string(src)).Hash(), obtainSrc: string(src)}
 }
 
-func (s *leaseSpy) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	return s.record(keys, s.UniversalClient.Eval(ctx, script, keys, args...))
-}
+func (s *leaseSpy) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (s *leaseSpy) record(keys []string, cmd *redis.Cmd) *redis.Cmd {
-	if errors.Is(cmd.Err(), redis.Nil) && len(keys) == 1 {
-		s.mu.Lock()
-		if s.granted == nil {
-			s.granted = map[string][]time.Time{}
-		}
-		s.granted[keys[0]] = append(s.granted[keys[0]], time.Now())
-		s.mu.Unlock()
+func (s *leaseSpy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		s.record(cmd)
+		return err
 	}
-	return cmd
+}
+
+func (s *leaseSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			s.record(cmd)
+		}
+		return err
+	}
+}
+
+// record notes cmd if it is a run of the obtain script that took its key:
+// EVALSHA <sha> 1 <key> ... or EVAL <script> 1 <key> ..., answered 1.
+func (s *leaseSpy) record(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 4 || cmd.Err() != nil {
+		return
+	}
+	name, _ := args[0].(string)
+	script, _ := args[1].(string)
+	key, _ := args[3].(string)
+	obtain := (strings.EqualFold(name, "evalsha") && script == s.obtainSHA) || (strings.EqualFold(name, "eval") && script == s.obtainSrc)
+	if c, ok := cmd.(*redis.Cmd); !ok || !obtain || c.Val() != int64(1) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.granted == nil {
+		s.granted = map[string][]time.Time{}
+	}
+	s.granted[key] = append(s.granted[key], time.Now())
 }
 
 func (s *leaseSpy) grants(key string) []time.Time {
@@ -218,10 +249,11 @@ func TestFaultRedisClusterFailover(t *testing.T) {
 			const prefix = "idem:"
 			cl := tempserver.StartRedisCluster(t)
 			c := testredis.Cluster(t, cl.Addrs())
-			spy := &leaseSpy{UniversalClient: c}
+			spy := newLeaseSpy(t)
+			c.AddHook(spy)
 			pool, dbcfg := sharedPG(t)
 			const leaseTTL = 10 * time.Second // far longer than the failover: a lease taken again was lost, not expired
-			r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: spy, prefix: prefix,
+			r := newRig(t, rigOpts{strategy: "hybrid", pool: pool, dbcfg: dbcfg, redis: c, prefix: prefix,
 				leaseTTL: leaseTTL, workTO: 8 * time.Second, peerTable: strategy == "mixed"})
 			keys, err := lock.New(c, &lock.Config{Prefix: prefix, TTL: leaseTTL})
 			require.NoError(t, err)
