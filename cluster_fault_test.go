@@ -7,12 +7,12 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,21 +147,14 @@ func TestClusterGuard(t *testing.T) {
 
 // leaseSpy is a go-redis hook that records the leases the guard's lock is
 // granted, per Redis key, in order, whether a lock command went alone or in
-// one of the Locker's pipelines: a run of the lock's obtain script (known by
-// its SHA-1, or by its text when sent with EVAL) that answered 1, which it
+// one of the Locker's pipelines: a SET ... NX GET that answered nil, which it
 // does exactly when it took the key.
 type leaseSpy struct {
-	obtainSHA, obtainSrc string
-
 	mu      sync.Mutex
 	granted map[string][]time.Time
 }
 
-func newLeaseSpy(t *testing.T) *leaseSpy {
-	src, err := os.ReadFile("lock/obtain.lua")
-	require.NoError(t, err)
-	return &leaseSpy{obtainSHA: redis.NewScript(string(src)).Hash(), obtainSrc: string(src)}
-}
+func newLeaseSpy(*testing.T) *leaseSpy { return &leaseSpy{} }
 
 func (s *leaseSpy) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -183,18 +176,22 @@ func (s *leaseSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// record notes cmd if it is a run of the obtain script that took its key:
-// EVALSHA <sha> 1 <key> ... or EVAL <script> 1 <key> ..., answered 1.
+// record notes cmd if it is the lock's obtain that took its key: SET <key>
+// <value> ... NX ... GET, answered nil.
 func (s *leaseSpy) record(cmd redis.Cmder) {
 	args := cmd.Args()
-	if len(args) < 4 || cmd.Err() != nil {
+	if len(args) < 3 || !errors.Is(cmd.Err(), redis.Nil) {
 		return
 	}
 	name, _ := args[0].(string)
-	script, _ := args[1].(string)
-	key, _ := args[3].(string)
-	obtain := (strings.EqualFold(name, "evalsha") && script == s.obtainSHA) || (strings.EqualFold(name, "eval") && script == s.obtainSrc)
-	if c, ok := cmd.(*redis.Cmd); !ok || !obtain || c.Val() != int64(1) {
+	key, _ := args[1].(string)
+	var nx, get bool
+	for _, a := range args[3:] {
+		opt, _ := a.(string)
+		nx = nx || strings.EqualFold(opt, "nx")
+		get = get || strings.EqualFold(opt, "get")
+	}
+	if !strings.EqualFold(name, "set") || !nx || !get {
 		return
 	}
 	s.mu.Lock()

@@ -23,13 +23,14 @@ func TestRoundTrips(t *testing.T) {
 			"missing_key":     {0, 0},
 		},
 		target.Hybrid: {
-			// The lease is taken (or read) with one script; once the answer
-			// is committed, a copy of it replaces the lease.
-			"first_execution": {2, 2}, // lease, claim, complete, copy
-			"replay":          {0, 1}, // the lease holds the answer's copy
-			"in_progress":     {0, 1}, // the lease says the key runs under this fingerprint
-			"key_reused":      {0, 1}, // the copy's fingerprint differs
-			"expired_key":     {3, 2}, // lease, claim finds the expired row, takeover, complete, copy
+			// The lease is taken (or read) with SET NX GET and its age read
+			// with PTTL, both in one round trip; once the answer is
+			// committed, a copy of it replaces the lease.
+			"first_execution": {2, 3}, // lease (2), claim, complete, copy
+			"replay":          {0, 2}, // the lease holds the answer's copy
+			"in_progress":     {0, 2}, // the lease says the key runs under this fingerprint
+			"key_reused":      {0, 2}, // the copy's fingerprint differs
+			"expired_key":     {3, 3}, // lease (2), claim finds the expired row, takeover, complete, copy
 			"missing_key":     {0, 0},
 		},
 	}

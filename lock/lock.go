@@ -5,12 +5,12 @@
 // The value of a lease is a random owner token followed by a state: opaque
 // bytes that the caller chooses (idem stores "running with this fingerprint"
 // and, once the answer is committed, a copy of it). [Locker.Obtain] takes a
-// free key or, in the same round trip, returns the state it holds: a Lua
-// script that does what SET <key> <value> NX PX <ttl> does, or GETs. Replacing,
-// releasing and refreshing are compare-and-act Lua scripts (embedded from the
-// .lua files of this package) that check the token: nobody can change a lease
-// they do not hold, even after theirs has expired and another caller has taken
-// the key. [Locker.Set] and [Locker.Delete] act whoever holds the key, for a
+// free key or, in the same round trip, returns the state it holds and its
+// remaining TTL: SET <key> <value> NX GET PX <ttl>, then PTTL <key>, sent
+// together. Replacing, releasing and refreshing are compare-and-act Lua
+// scripts (embedded from the .lua files of this package) that check the
+// token: nobody can change a lease they do not hold, even after theirs has
+// expired and another caller has taken the key. [Locker.Set] and [Locker.Delete] act whoever holds the key, for a
 // caller that knows the key's state from elsewhere.
 //
 // A Locker keeps one exchange with Redis out at a time: a command sent while
@@ -25,7 +25,8 @@
 // one Redis Cluster hash slot (the digest is the hash tag).
 //
 // The package takes a [redis.UniversalClient], so a single node, Redis Cluster,
-// Sentinel and miniredis all work unchanged.
+// Sentinel and miniredis all work unchanged. It needs Redis 7.0 or later (SET
+// with both NX and GET).
 //
 // A lease is not a guarantee of mutual exclusion on its own: it expires after
 // its TTL whether or not the holder is done, and Redis can lose it (failover,
@@ -63,8 +64,6 @@ var (
 )
 
 var (
-	//go:embed obtain.lua
-	obtainSrc string
 	//go:embed replace.lua
 	replaceSrc string
 	//go:embed refresh.lua
@@ -134,7 +133,6 @@ type Locker struct {
 	client  redis.UniversalClient
 	cfg     Config
 	pipe    *pipeline
-	obtain  *redis.Script
 	replace *redis.Script
 	refresh *redis.Script
 	ttl     *redis.Script
@@ -164,12 +162,11 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	l := &Locker{
 		client:  client,
 		cfg:     c,
-		obtain:  redis.NewScript(obtainSrc),
 		replace: redis.NewScript(replaceSrc),
 		refresh: redis.NewScript(refreshSrc),
 		ttl:     redis.NewScript(ttlSrc),
 	}
-	l.pipe = &pipeline{client: client, timeout: c.Timeout, scripts: []*redis.Script{l.obtain, l.replace, l.refresh, l.ttl}}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
 	return l, nil
 }
 
@@ -199,29 +196,40 @@ func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*
 // obtainOrRead is Obtain that also returns, for a held key, how long ago its
 // lease was taken or last given a TTL of the Locker's (Config.TTL less the
 // remaining TTL; 0 for a value written with a longer TTL by Set).
+//
+// The SET and the PTTL go in one pipeline on one connection, so Redis runs
+// them back to back; should another client's command come between them all
+// the same (a delete, a new copy), the age is of the key's newer value, which
+// only changes how long a caller keeps refusing on the older state.
 func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []byte) (*Lease, []byte, time.Duration, error) {
 	lease := &Lease{locker: l, key: l.Key(scope, key), token: rand.Text()}
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
-	reply, err := l.eval(cctx, l.obtain, lease.key, lease.value(state), l.cfg.TTL.Milliseconds())
+	var pttl *redis.DurationCmd
+	cmd, err := l.pipe.do(cctx, 2, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
+		set := c.SetArgs(ctx, lease.key, lease.value(state), redis.SetArgs{Mode: "NX", Get: true, TTL: l.cfg.TTL})
+		pttl = c.PTTL(ctx, lease.key)
+		return set
+	})
 	switch {
+	case errors.Is(err, redis.Nil): // the key was free: SET took it
+		return lease, nil, 0, nil
 	case err != nil:
 		return nil, nil, 0, l.wrap(ctx, "obtain", err)
-	case reply == int64(1):
-		return lease, nil, 0, nil
 	}
-	list, _ := reply.([]any)
-	if len(list) != 2 {
-		return nil, nil, 0, l.wrap(ctx, "obtain", fmt.Errorf("unexpected reply %v", reply))
+	var age time.Duration
+	if rem, err := pttl.Result(); err == nil && rem > 0 {
+		age = max(l.cfg.TTL-rem, 0)
 	}
-	held, _ := list[0].(string)
-	pttl, _ := list[1].(int64)
-	age := max(l.cfg.TTL-time.Duration(pttl)*time.Millisecond, 0)
-	return nil, stateOf(held), age, ErrNotObtained
+	return nil, stateOf(cmd.(*redis.StatusCmd).Val()), age, ErrNotObtained
 }
 
 // tokenLen is the length of an owner token (crypto/rand.Text).
 var tokenLen = len(rand.Text())
+
+// unowned starts the value Set writes: a token's length of a byte that
+// crypto/rand.Text never yields, so no holder's token ever matches it.
+var unowned = strings.Repeat("-", tokenLen)
 
 // stateOf returns the state part of a lease's value.
 func stateOf(v string) []byte {
@@ -241,9 +249,9 @@ func (l *Locker) Set(ctx context.Context, scope, key string, state []byte, ttl t
 	}
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
-	v := (&Lease{token: rand.Text()}).value(state)
+	v := unowned + string(state)
 	k := l.Key(scope, key)
-	_, err := l.pipe.do(cctx, func(ctx context.Context, c redis.Cmdable) redis.Cmder { return c.Set(ctx, k, v, ttl) })
+	_, err := l.pipe.do(cctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder { return c.Set(ctx, k, v, ttl) })
 	if err != nil {
 		return l.wrap(ctx, "set", err)
 	}
@@ -256,7 +264,7 @@ func (l *Locker) Delete(ctx context.Context, scope, key string) error {
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
 	k := l.Key(scope, key)
-	if _, err := l.pipe.do(cctx, func(ctx context.Context, c redis.Cmdable) redis.Cmder { return c.Del(ctx, k) }); err != nil {
+	if _, err := l.pipe.do(cctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder { return c.Del(ctx, k) }); err != nil {
 		return l.wrap(ctx, "delete", err)
 	}
 	return nil
@@ -425,7 +433,7 @@ func (l *Lease) run(ctx context.Context, op string, s *redis.Script, args ...any
 // eval runs script s on key through the Locker's pipeline and returns its
 // reply, or redis.Nil for a nil reply.
 func (l *Locker) eval(ctx context.Context, s *redis.Script, key string, args ...any) (any, error) {
-	cmd, err := l.pipe.do(ctx, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
+	cmd, err := l.pipe.do(ctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
 		return s.EvalSha(ctx, c, []string{key}, args...)
 	})
 	if err != nil {

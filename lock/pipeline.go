@@ -36,21 +36,24 @@ type pipeline struct {
 	pending []*call // queued, in arrival order
 }
 
-// call is one queued command. queue adds it to c, a client (sent at once) or
-// a pipeline (sent by Exec), and returns it.
+// call is one caller's command, or commands. queue adds them to c, a client
+// (sent at once) or a pipeline (sent by Exec), and returns the one whose
+// error is the call's; n is how many it adds, and a call of more than one
+// always goes as a pipeline, so that they share one round trip.
 type call struct {
 	ctx   context.Context
+	n     int
 	queue func(ctx context.Context, c redis.Cmdable) redis.Cmder
 	cmd   redis.Cmder
 	err   error
 	done  chan struct{}
 }
 
-// do sends the command that queue builds and returns it with its error
-// (redis.Nil for a nil reply), or ctx's error when ctx ended first; the
-// command may still have reached Redis then.
-func (p *pipeline) do(ctx context.Context, queue func(context.Context, redis.Cmdable) redis.Cmder) (redis.Cmder, error) {
-	c := &call{ctx: ctx, queue: queue}
+// do sends the n commands that queue adds, in one round trip, and returns
+// the one queue returns with its error (redis.Nil for a nil reply), or ctx's
+// error when ctx ended first; the commands may still have reached Redis then.
+func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, redis.Cmdable) redis.Cmder) (redis.Cmder, error) {
+	c := &call{ctx: ctx, n: n, queue: queue}
 	p.mu.Lock()
 	if !p.busy {
 		p.busy = true
@@ -124,7 +127,7 @@ func (p *pipeline) send(ctx context.Context, calls []*call) {
 	p.exec(ctx, calls)
 	var again []*call
 	for _, c := range calls {
-		if redis.HasErrorPrefix(c.err, "NOSCRIPT") {
+		if c.err != nil && c.err != redis.Nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
 			again = append(again, c)
 		}
 	}
@@ -140,7 +143,7 @@ func (p *pipeline) send(ctx context.Context, calls []*call) {
 }
 
 func (p *pipeline) exec(ctx context.Context, calls []*call) {
-	if len(calls) == 1 {
+	if len(calls) == 1 && calls[0].n == 1 {
 		c := calls[0]
 		c.cmd = c.queue(ctx, p.client)
 		c.err = c.cmd.Err()

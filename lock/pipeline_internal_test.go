@@ -14,9 +14,9 @@ import (
 	"github.com/idemguard/idem/internal/testredis"
 )
 
-// gate is a go-redis hook that holds the first plain command it sees until
-// released, so that a test can queue commands behind an exchange in flight,
-// and records the size of every pipeline sent.
+// gate is a go-redis hook that holds the first exchange it sees, a plain
+// command or a pipeline, until released, so that a test can queue commands
+// behind an exchange in flight, and records the size of every pipeline sent.
 type gate struct {
 	held    chan struct{} // closed when the first command is held
 	release chan struct{}
@@ -30,20 +30,26 @@ func newGate() *gate { return &gate{held: make(chan struct{}), release: make(cha
 
 func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// hold holds the first exchange until released.
+func (g *gate) hold() {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.held)
+		<-g.release
+	}
+}
+
 func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		first := false
-		g.once.Do(func() { first = true })
-		if first {
-			close(g.held)
-			<-g.release
-		}
+		g.hold()
 		return next(ctx, cmd)
 	}
 }
 
 func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.hold()
 		g.mu.Lock()
 		g.sizes = append(g.sizes, len(cmds))
 		g.mu.Unlock()
@@ -84,17 +90,28 @@ var pipelineBackends = []pipelineBackend{
 }
 
 // Commands that arrive while an exchange is out go together as one pipeline
-// once it returns, each caller gets its own command's reply, and a script
-// Redis lost meanwhile (SCRIPT FLUSH) is loaded again.
+// once it returns, each caller gets its own command's reply, an obtain's two
+// commands stay together, and a script Redis lost meanwhile (SCRIPT FLUSH) is
+// loaded again.
 func TestPipelineGroupsQueuedCommands(t *testing.T) {
 	for _, b := range pipelineBackends {
 		t.Run(b.name, func(t *testing.T) {
 			c, flushScripts := b.client(t)
-			g := newGate()
-			c.AddHook(g)
 			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
 			require.NoError(t, err)
 			ctx := context.Background()
+
+			// Leases to replace once the scripts are gone, taken before
+			// the gate is in place.
+			const n = 16
+			var held []*Lease
+			for i := range n {
+				lease, _, err := l.Obtain(ctx, "u", fmt.Sprint("r", i), []byte("before"))
+				require.NoError(t, err)
+				held = append(held, lease)
+			}
+			g := newGate()
+			c.AddHook(g)
 
 			first := make(chan error, 1)
 			go func() {
@@ -103,36 +120,44 @@ func TestPipelineGroupsQueuedCommands(t *testing.T) {
 			}()
 			<-g.held
 
-			const n = 16
 			type result struct {
 				i     int
 				lease *Lease
 				err   error
 			}
-			results := make(chan result, n)
+			obtained := make(chan result, n)
+			replaced := make(chan result, n)
 			for i := range n {
 				go func() {
 					lease, _, err := l.Obtain(ctx, "u", fmt.Sprint("k", i), []byte(fmt.Sprint("s", i)))
-					results <- result{i, lease, err}
+					obtained <- result{i, lease, err}
+				}()
+				go func() {
+					replaced <- result{i, nil, held[i].Replace(ctx, []byte(fmt.Sprint("after", i)), 0)}
 				}()
 			}
-			require.Eventually(t, func() bool { return l.pipe.queued() == n }, 10*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return l.pipe.queued() == 2*n }, 10*time.Second, time.Millisecond)
 			flushScripts(t)
 			close(g.release)
 
 			require.NoError(t, <-first)
 			for range n {
-				r := <-results
-				require.NoError(t, r.err, "caller %d", r.i)
-				require.NotNil(t, r.lease, "caller %d", r.i)
+				r := <-obtained
+				require.NoError(t, r.err, "obtain %d", r.i)
+				require.NotNil(t, r.lease, "obtain %d", r.i)
+				r = <-replaced
+				require.NoError(t, r.err, "replace %d", r.i)
 			}
-			require.Contains(t, g.pipelines(), n, "the queued commands went as one pipeline")
+			require.Contains(t, g.pipelines(), 3*n, "the queued calls went as one pipeline: two commands per obtain, one per replace")
 
 			// Each key holds its own caller's state.
 			for i := range n {
-				_, held, err := l.Obtain(ctx, "u", fmt.Sprint("k", i), nil)
+				_, state, err := l.Obtain(ctx, "u", fmt.Sprint("k", i), nil)
 				require.ErrorIs(t, err, ErrNotObtained)
-				require.Equal(t, fmt.Sprint("s", i), string(held))
+				require.Equal(t, fmt.Sprint("s", i), string(state))
+				_, state, err = l.Obtain(ctx, "u", fmt.Sprint("r", i), nil)
+				require.ErrorIs(t, err, ErrNotObtained)
+				require.Equal(t, fmt.Sprint("after", i), string(state))
 			}
 		})
 	}
