@@ -2,7 +2,6 @@ package idem
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"net/http"
 	"time"
 )
@@ -17,7 +16,9 @@ import (
 //	leaseRunning   the row is in progress under fp (read from the row)
 //	leasePending   the row is in progress under fp, past its holder's
 //	               MaxHold: it waits for reconciliation
-//	leaseAnswer    the row's committed answer under fp, copied whole
+//	leaseAnswer    the row's committed answer under fp, copied whole (an
+//	               earlier version wrote 'a' with JSON headers: no longer
+//	               read, so such a copy sends its replays to the row)
 //	leaseDone      the row's answer under fp is too large to copy: read it
 //
 // Nothing read from a lease ever starts the work: a request that gets the
@@ -31,12 +32,12 @@ const (
 	leaseClaiming byte = 'c'
 	leaseRunning  byte = 'r'
 	leasePending  byte = 'p'
-	leaseAnswer   byte = 'a'
+	leaseAnswer   byte = 'A'
 	leaseDone     byte = 'd'
 )
 
-// Limits of the answer copy. An answer larger than maxLeaseAnswer (headers as
-// stored plus body) is kept as leaseDone, and its replays read the row; a
+// Limits of the answer copy. An answer larger than maxLeaseAnswer (encoded
+// headers plus body) is kept as leaseDone, and its replays read the row; a
 // copy lives at most leaseAnswerTTL, and never longer than its key's
 // remaining retention.
 const (
@@ -59,16 +60,12 @@ func encodeLease(kind byte, fp Fingerprint) []byte {
 }
 
 // encodeAnswerLease returns the copy of an answer stored under fp, or the
-// leaseDone marker when it is larger than maxLeaseAnswer. The headers are
-// encoded as the store encodes them (JSON), so that a replay from the copy is
-// the same value as a replay from the row.
+// leaseDone marker when it is larger than maxLeaseAnswer: the kind, fp, the
+// status, the length of the encoded headers (see appendHeader), the headers,
+// then the body.
 func encodeAnswerLease(fp Fingerprint, a Response) []byte {
-	h := a.Header
-	if h == nil {
-		h = http.Header{}
-	}
-	headers, err := json.Marshal(h)
-	if err != nil || len(headers)+len(a.Body) > maxLeaseAnswer {
+	headers := appendHeader(nil, a.Header)
+	if len(headers)+len(a.Body) > maxLeaseAnswer {
 		return encodeLease(leaseDone, fp)
 	}
 	b := make([]byte, 0, 1+len(fp)+2+binary.MaxVarintLen64+len(headers)+len(a.Body))
@@ -82,7 +79,8 @@ func encodeAnswerLease(fp Fingerprint, a Response) []byte {
 
 // decodeLease reads a lease's state. It reports false for anything it does
 // not know, such as the bare token of an older version's lease or a state
-// of a newer version: the caller then reads the row.
+// of a newer version: the caller then reads the row. A decoded answer is
+// the value durable reads back from the row: a non-nil Header and Body.
 func decodeLease(b []byte) (leaseState, bool) {
 	var st leaseState
 	if len(b) < 1+len(st.fp) {
@@ -107,15 +105,100 @@ func decodeLease(b []byte) (leaseState, bool) {
 	if w <= 0 || n > uint64(len(rest)) || st.resp.Status < 100 || st.resp.Status > 599 {
 		return st, false
 	}
-	// As durable's scanRecord reads a row: a JSON null is an empty header,
-	// an empty body is non-nil.
-	st.resp.Header = http.Header{}
-	if err := json.Unmarshal(rest[:n], &st.resp.Header); err != nil {
+	h, ok := readHeader(rest[:n])
+	if !ok {
 		return st, false
 	}
-	if st.resp.Header == nil {
-		st.resp.Header = http.Header{}
-	}
+	st.resp.Header = h
 	st.resp.Body = append([]byte{}, rest[n:]...)
 	return st, true
+}
+
+// appendHeader appends h to b: the number of names, then per name its
+// length and bytes and its number of values plus one (0 for a nil list),
+// then per value its length and bytes; every number a uvarint. It keeps what
+// durable's JSON keeps of a header whose names and values are UTF-8 (the
+// only ones it stores): every name, every value in order, and a nil list
+// apart from an empty one.
+func appendHeader(b []byte, h http.Header) []byte {
+	b = binary.AppendUvarint(b, uint64(len(h)))
+	for name, values := range h {
+		b = appendString(b, name)
+		if values == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(values))+1)
+		for _, v := range values {
+			b = appendString(b, v)
+		}
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// readHeader reads what appendHeader wrote, and nothing else: every byte of
+// b, no name twice.
+func readHeader(b []byte) (http.Header, bool) {
+	r := reader{b: b, ok: true}
+	names := r.uvarint()
+	if names > uint64(len(b)) { // each name takes at least two bytes
+		return nil, false
+	}
+	h := make(http.Header, names)
+	for range names {
+		name, ok := r.string()
+		if _, dup := h[name]; !ok || dup {
+			return nil, false
+		}
+		n := r.uvarint()
+		if n > uint64(len(r.b))+1 {
+			return nil, false
+		}
+		var values []string
+		if n > 0 {
+			values = make([]string, 0, n-1)
+		}
+		for range int(max(n, 1) - 1) {
+			v, ok := r.string()
+			if !ok {
+				return nil, false
+			}
+			values = append(values, v)
+		}
+		h[name] = values
+	}
+	return h, r.ok && len(r.b) == 0
+}
+
+// reader consumes uvarints and length-prefixed strings; ok turns false for
+// good at the first malformed one.
+type reader struct {
+	b  []byte
+	ok bool
+}
+
+func (r *reader) uvarint() uint64 {
+	v, w := binary.Uvarint(r.b)
+	if w <= 0 {
+		r.ok, r.b = false, nil
+		return 0
+	}
+	r.b = r.b[w:]
+	return v
+}
+
+func (r *reader) string() (string, bool) {
+	n := r.uvarint()
+	if !r.ok || n > uint64(len(r.b)) {
+		r.ok, r.b = false, nil
+		return "", false
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s, true
 }

@@ -2,7 +2,9 @@ package idem
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,15 +19,16 @@ func TestLeaseAnswerRoundTrip(t *testing.T) {
 		{Status: 402},
 		{Status: 204, Header: http.Header{"x-lower": {"kept as sent"}}, Body: []byte{}},
 		{Status: 200, Body: bytes.Repeat([]byte{0, 0xff}, 100)},
+		{Status: 200, Header: http.Header{"Empty": {}, "Nil": nil, "Blank": {""}, "Odd": {"<&>", "é", "\x00"}}},
 	} {
 		st, ok := decodeLease(encodeAnswerLease(fp, a))
 		require.True(t, ok)
 		require.Equal(t, leaseAnswer, st.kind)
 		require.Equal(t, fp, st.fp)
 		require.Equal(t, a.Status, st.resp.Status)
-		require.NotNil(t, st.resp.Header)
 		require.NotNil(t, st.resp.Body)
 		require.True(t, st.resp.Equal(a))
+		require.Equal(t, rowHeader(t, a.Header), st.resp.Header, "the copy's headers are the row's, nil and empty lists alike")
 	}
 
 	big := Response{Status: 200, Body: make([]byte, maxLeaseAnswer)}
@@ -65,5 +68,50 @@ func FuzzLeaseState(f *testing.F) {
 		if len(b) <= maxLeaseAnswer && (!ok || !again.resp.Equal(st.resp)) {
 			t.Fatalf("re-encoding changed the answer: %+v -> %+v", st.resp, again.resp)
 		}
+	})
+}
+
+// rowHeader is h as durable reads it back from a row: through JSON, with a
+// JSON null read as an empty header.
+func rowHeader(t testing.TB, h http.Header) http.Header {
+	if h == nil {
+		h = http.Header{}
+	}
+	b, err := json.Marshal(h)
+	require.NoError(t, err)
+	out := http.Header{}
+	require.NoError(t, json.Unmarshal(b, &out))
+	return out
+}
+
+// Whatever the names and values (UTF-8, as durable stores only those), a
+// copy's headers are exactly the ones a replay from the row has.
+func FuzzLeaseCopyIsTheRow(f *testing.F) {
+	f.Add("Location\x00Set-Cookie", "/o/1\x00a=1\x01b=2", uint8(0))
+	f.Add("", "", uint8(1))
+	f.Add("X\x00Y\x00X", "\x01\x00<&>", uint8(3))
+	f.Fuzz(func(t *testing.T, names, values string, nils uint8) {
+		h := http.Header{}
+		vs := strings.Split(strings.ToValidUTF8(values, "?"), "\x00")
+		for i, name := range strings.Split(strings.ToValidUTF8(names, "?"), "\x00") {
+			switch {
+			case nils&(1<<(i%8)) != 0:
+				h[name] = nil
+			case i < len(vs):
+				h[name] = strings.Split(vs[i], "\x01")
+			default:
+				h[name] = []string{}
+			}
+		}
+		a := Response{Status: 201, Header: h, Body: []byte(values)}
+		st, ok := decodeLease(encodeAnswerLease(Fingerprint{}, a))
+		if !ok {
+			t.Fatalf("a copy of %+v did not decode", a)
+		}
+		if st.kind == leaseDone {
+			return
+		}
+		require.Equal(t, rowHeader(t, h), st.resp.Header)
+		require.Equal(t, a.Body, st.resp.Body)
 	})
 }

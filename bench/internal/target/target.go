@@ -173,7 +173,8 @@ type ceiling struct {
 	locker  *lock.Locker // hybrid only
 	work    time.Duration
 	sql     statements
-	headers []byte
+	headers []byte // as the store writes them (JSON)
+	copy    func(idem.Fingerprint) []byte
 	tokens  atomic.Uint64
 }
 
@@ -202,6 +203,7 @@ func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
 		work:    work,
 		sql:     sql,
 		headers: headers,
+		copy:    answerLease(),
 	}, nil
 }
 
@@ -330,7 +332,7 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lea
 		return "", err
 	}
 	if lease != nil {
-		err := c.locker.Set(context.WithoutCancel(ctx), req.Scope, req.Key, answerLease(req.Fingerprint, c.headers), leaseCopyTTL)
+		err := c.locker.Set(context.WithoutCancel(ctx), req.Scope, req.Key, c.copy(req.Fingerprint), leaseCopyTTL)
 		if err != nil {
 			return "", err
 		}
@@ -339,7 +341,7 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lea
 }
 
 // doHybrid is the guard's hybrid protocol since the lease carries the key's
-// state: one round trip (the lock's obtain script) takes the lease with the
+// state: one round trip (the lock's obtain: SET NX GET and PTTL) takes the lease with the
 // state "claiming" and this request's fingerprint, or returns the state held,
 // which answers 409, 422 or a replay without PostgreSQL; the holder claims
 // the durable row like the table strategy and, once its answer is written,
@@ -372,7 +374,7 @@ const (
 	leaseClaiming byte = 'c'
 	leaseRunning  byte = 'r'
 	leasePending  byte = 'p'
-	leaseAnswer   byte = 'a'
+	leaseAnswer   byte = 'A'
 	leaseDone     byte = 'd'
 	leaseCopyTTL       = 10 * time.Minute
 )
@@ -381,15 +383,28 @@ func leaseState(kind byte, fp idem.Fingerprint) []byte {
 	return append([]byte{kind}, fp[:]...)
 }
 
-// answerLease is the copy of the bench's answer, encoded as idem encodes it:
-// status (2 bytes), the length of the JSON headers (uvarint), the headers,
-// the body.
-func answerLease(fp idem.Fingerprint, headers []byte) []byte {
-	b := leaseState(leaseAnswer, fp)
-	b = binary.BigEndian.AppendUint16(b, http.StatusCreated)
-	b = binary.AppendUvarint(b, uint64(len(headers)))
-	b = append(b, headers...)
-	return append(b, answerBody...)
+// answerLease returns the function that builds the copy of the bench's
+// answer under a fingerprint, encoded as idem encodes it: status (2 bytes),
+// the length of the encoded headers (uvarint), the headers (the number of
+// names; per name its length and bytes, its number of values plus one, each
+// value's length and bytes; all numbers uvarints), the body. All but the
+// fingerprint is built once.
+func answerLease() func(idem.Fingerprint) []byte {
+	str := func(b []byte, s string) []byte { return append(binary.AppendUvarint(b, uint64(len(s))), s...) }
+	h := binary.AppendUvarint(nil, uint64(len(answerHeader)))
+	for name, values := range answerHeader {
+		h = str(h, name)
+		h = binary.AppendUvarint(h, uint64(len(values))+1)
+		for _, v := range values {
+			h = str(h, v)
+		}
+	}
+	tail := binary.BigEndian.AppendUint16(nil, http.StatusCreated)
+	tail = binary.AppendUvarint(tail, uint64(len(h)))
+	tail = append(append(tail, h...), answerBody...)
+	return func(fp idem.Fingerprint) []byte {
+		return append(leaseState(leaseAnswer, fp), tail...)
+	}
 }
 
 // decideLease answers from a held state, or reports false when the row must
