@@ -59,8 +59,12 @@ type Locker interface {
 	// left alone.
 	TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(ctx context.Context, state []byte, ttl time.Duration) error, err error)
 	// Set writes state as the lease of (scope, key) for ttl, whoever holds
-	// it.
-	Set(ctx context.Context, scope, key string, state []byte, ttl time.Duration) error
+	// it, without waiting for the service: every call made through the
+	// Locker after Set returns reaches the service after the write, and
+	// answered (never nil) is called once with the write's error, nil when
+	// it was written or dropped because ttl ran out first. answered must
+	// not block.
+	Set(scope, key string, state []byte, ttl time.Duration, answered func(error))
 	// Delete removes the lease of (scope, key), whoever holds it.
 	Delete(ctx context.Context, scope, key string) error
 }

@@ -132,15 +132,26 @@ func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, 
 
 // copyAnswer puts the committed answer of a key in its lease, for at most
 // leaseAnswerTTL and never past expires, the key's expiry in the store
-// counted on the local monotonic clock (see Record.TTL).
+// counted on the local monotonic clock (see Record.TTL). It does not wait for
+// Redis: the copy goes out with the Locker's next exchange, before any later
+// command of this Guard's, so that this Guard's next request for the key
+// finds it; another instance's request may still find the earlier state for
+// that one exchange (a 409 where the copy would replay). A lost copy only
+// sends replays to PostgreSQL.
 func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a Response, expires time.Time) {
 	ttl := min(time.Until(expires), leaseAnswerTTL)
 	if ttl < time.Millisecond || g.redis.down() {
 		return
 	}
-	state := encodeAnswerLease(fp, a)
-	g.leaseWrite(ctx, req, "copy answer", func(ctx context.Context) error {
-		return g.lock.Set(ctx, req.Scope, req.Key, state, ttl)
+	lctx := context.WithoutCancel(ctx) // for the metric and the log line, once the copy is answered
+	t0 := g.tel.start()
+	g.lock.Set(req.Scope, req.Key, encodeAnswerLease(fp, a), ttl, func(err error) {
+		g.tel.since(lctx, phaseLease, t0)
+		if err != nil {
+			g.redisFailed(lctx, req, "copy answer", err)
+			return
+		}
+		g.redis.ok()
 	})
 }
 

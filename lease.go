@@ -16,9 +16,9 @@ import (
 //	leaseRunning   the row is in progress under fp (read from the row)
 //	leasePending   the row is in progress under fp, past its holder's
 //	               MaxHold: it waits for reconciliation
-//	leaseAnswer    the row's committed answer under fp, copied whole (an
-//	               earlier version wrote 'a' with JSON headers: no longer
-//	               read, so such a copy sends its replays to the row)
+//	leaseAnswer    the row's committed answer under fp, copied whole ('a',
+//	               a copy with JSON headers, is not read: such a copy
+//	               sends its replays to the row)
 //	leaseDone      the row's answer under fp is too large to copy: read it
 //
 // Nothing read from a lease ever starts the work: a request that gets the

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -102,8 +104,12 @@ func (r *leaseRig) forget(t *testing.T, rq idem.Request) {
 	require.NoError(t, r.locker.Delete(t.Context(), rq.Scope, rq.Key))
 }
 
+// leaseTTL is the remaining life of the key's lease in Redis, read after a
+// round trip through the guard's Locker, so that the copies the guard queued
+// before (Locker.Set does not wait) have reached Redis.
 func (r *leaseRig) leaseTTL(t *testing.T, rq idem.Request) time.Duration {
 	t.Helper()
+	require.NoError(t, r.locker.Delete(t.Context(), "sync", newKey()))
 	ttl, err := r.redis.PTTL(t.Context(), r.locker.Key(rq.Scope, rq.Key)).Result()
 	require.NoError(t, err)
 	return ttl
@@ -403,14 +409,96 @@ func TestLeaseFailoverMidExecution(t *testing.T) {
 	})
 }
 
+// copyGate is a go-redis hook that holds every answer copy (a SET without
+// NX) until released, so that a test can act while a copy is in flight.
+type copyGate struct {
+	held    chan struct{} // receives when a copy is held
+	release chan struct{}
+}
+
+func newCopyGate() *copyGate {
+	return &copyGate{held: make(chan struct{}, 16), release: make(chan struct{})}
+}
+
+func (g *copyGate) hold(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		if cmd.Name() != "set" || slices.ContainsFunc(args, func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, "nx") }) {
+			continue
+		}
+		g.held <- struct{}{}
+		<-g.release
+		return
+	}
+}
+
+func (g *copyGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *copyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.hold([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (g *copyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.hold(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// The request does not wait for its answer's copy. Another instance's retry
+// that reaches Redis while the copy is in flight finds the first request's
+// state and is refused (409), never run and never answered otherwise than the
+// row; once the copy has landed, both instances replay it without
+// PostgreSQL.
+func TestLeaseCopyInFlight(t *testing.T) {
+	a := newLeaseRig(t, "hybrid-miniredis", nil, nil)
+	gate := newCopyGate()
+	a.redis.AddHook(gate)
+	other, err := lock.New(testredis.Miniredis(t, a.mr), nil)
+	require.NoError(t, err)
+	count := &countingStore{Store: a.store}
+	b, err := idem.New(count, &idem.Config{Lock: other, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	rq := req("user-1", newKey(), `{"sku":1}`)
+
+	var c counter
+	c.resp = created("o-10")
+	_, out, err := a.guard.Do(t.Context(), rq, c.work) // returns with its copy held
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out)
+	<-gate.held
+
+	_, out, err = b.Do(t.Context(), rq, mustNotRun(t))
+	require.Equal(t, idem.OutcomeInProgress, out, "the copy is in flight: refused, not run")
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Zero(t, count.calls.Load(), "refused by Redis")
+
+	close(gate.release)
+	want := a.rowAnswer(t, rq)
+	resp, out, err, calls := a.do(t, rq, mustNotRun(t))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out)
+	require.Equal(t, want, resp)
+	require.Zero(t, calls)
+	resp, out, err = b.Do(t.Context(), rq, mustNotRun(t)) // after a's command, so after its copy
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out)
+	require.Equal(t, want, resp)
+	require.Zero(t, count.calls.Load(), "replayed from the copy")
+	require.EqualValues(t, 1, c.n.Load())
+}
+
 // failingCopies is a Locker whose writes after the lease are lost: the answer
 // is committed, its copy never reaches Redis.
 type failingCopies struct {
 	idem.Locker
 }
 
-func (failingCopies) Set(context.Context, string, string, []byte, time.Duration) error {
-	return errors.New("connection reset by peer")
+func (failingCopies) Set(_, _ string, _ []byte, _ time.Duration, answered func(error)) {
+	answered(errors.New("connection reset by peer"))
 }
 
 // A lost copy leaves the lease saying "running": retries are refused, never
@@ -504,9 +592,9 @@ func (s *stalledLocker) TryLock(ctx context.Context, _, _ string, _ []byte) ([]b
 	return nil, 0, nil, errors.New("i/o timeout")
 }
 
-func (s *stalledLocker) Set(context.Context, string, string, []byte, time.Duration) error {
+func (s *stalledLocker) Set(_, _ string, _ []byte, _ time.Duration, answered func(error)) {
 	s.calls.Add(1)
-	return errors.New("i/o timeout")
+	answered(errors.New("i/o timeout"))
 }
 
 func (s *stalledLocker) Delete(context.Context, string, string) error {

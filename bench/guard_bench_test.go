@@ -15,7 +15,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -60,6 +59,7 @@ type rig struct {
 	pool   *pgxpool.Pool // the store's pool, not counted: for preparing rows
 	pg     *fixture.CountingDB
 	redis  *fixture.RedisCounter
+	syncs  int64 // DELs of redisCount, not the guard's
 }
 
 func newRig(tb testing.TB, strategy string) *rig {
@@ -74,17 +74,6 @@ func newRig(tb testing.TB, strategy string) *rig {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		// The client's connections, with their handshakes (HELLO, CLIENT
-		// SETINFO), before the counter is in place: the counts are the
-		// guard's commands.
-		for range 2 {
-			if _, _, err := l.Obtain(tb.Context(), "warm-up", "warm-up", nil); err != nil && !errors.Is(err, lock.ErrNotObtained) {
-				tb.Fatal(err)
-			}
-			if err := l.Set(tb.Context(), "warm-up", "warm-up", []byte("x"), time.Second); err != nil {
-				tb.Fatal(err)
-			}
-		}
 		rdb.AddHook(r.redis)
 		r.locker, cfg.Lock = l, l
 	}
@@ -94,6 +83,21 @@ func newRig(tb testing.TB, strategy string) *rig {
 	}
 	r.guard = g
 	return r
+}
+
+// redisCount is the number of Redis commands the guard has sent, once every
+// command it queued has gone: the answer's copy does not wait (Locker.Set),
+// so a round trip through the Locker (a DEL of a key nobody uses, not
+// counted) follows it first.
+func (r *rig) redisCount(tb testing.TB) int64 {
+	if r.locker == nil {
+		return r.redis.Count()
+	}
+	if err := r.locker.Delete(tb.Context(), "sync", "sync"); err != nil {
+		tb.Fatal(err)
+	}
+	r.syncs++
+	return r.redis.Count() - r.syncs
 }
 
 func request(key string) idem.Request {
@@ -181,7 +185,7 @@ func BenchmarkGuard(b *testing.B) {
 				r := newRig(b, strategy)
 				next := p.prepare(b, r)
 				ctx := b.Context()
-				pg0, rd0 := r.pg.Count(), r.redis.Count()
+				pg0, rd0 := r.pg.Count(), r.redisCount(b)
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
@@ -192,7 +196,7 @@ func BenchmarkGuard(b *testing.B) {
 					i++
 				}
 				b.ReportMetric(float64(r.pg.Count()-pg0)/float64(b.N), "pg-roundtrips/op")
-				b.ReportMetric(float64(r.redis.Count()-rd0)/float64(b.N), "redis-cmds/op")
+				b.ReportMetric(float64(r.redisCount(b)-rd0)/float64(b.N), "redis-cmds/op")
 			})
 		}
 	}

@@ -39,14 +39,14 @@ func TestRoundTrips(t *testing.T) {
 			t.Run(strategy+"/"+p.name, func(t *testing.T) {
 				r := newRig(t, strategy)
 				next := p.prepare(t, r)
-				pg0, rd0 := r.pg.Count(), r.redis.Count()
+				pg0, rd0 := r.pg.Count(), r.redisCount(t)
 				for i := range 3 {
 					_, out, _ := r.guard.Do(t.Context(), next(i), work)
 					require.Equal(t, p.outcome, out)
 				}
 				w := want[strategy][p.name]
 				require.Equal(t, 3*w[0], r.pg.Count()-pg0, "PostgreSQL round trips")
-				require.Equal(t, 3*w[1], r.redis.Count()-rd0, "Redis commands")
+				require.Equal(t, 3*w[1], r.redisCount(t)-rd0, "Redis commands")
 			})
 		}
 	}

@@ -10,14 +10,17 @@
 // together. Replacing, releasing and refreshing are compare-and-act Lua
 // scripts (embedded from the .lua files of this package) that check the
 // token: nobody can change a lease they do not hold, even after theirs has
-// expired and another caller has taken the key. [Locker.Set] and [Locker.Delete] act whoever holds the key, for a
-// caller that knows the key's state from elsewhere.
+// expired and another caller has taken the key. [Locker.Set] and
+// [Locker.Delete] act whoever holds the key, for a caller that knows the
+// key's state from elsewhere.
 //
 // A Locker keeps one exchange with Redis out at a time: a command sent while
 // none is out goes at once, and the commands that arrive meanwhile go
-// together as one pipeline when it returns, each caller still bounded by its
-// own deadline. Under load that is one round trip's system calls for many
-// requests' leases, on both sides.
+// together as one pipeline when it returns, in the order they came, each
+// caller still bounded by its own deadline. Under load that is one round
+// trip's system calls for many requests' leases, on both sides. [Locker.Set]
+// does not wait at all: its write joins the next exchange, ahead of every
+// command the Locker is given after it, and a callback learns how it went.
 //
 // The Redis key is derived from (scope, key) through SHA-256, so that any two
 // different intents get different Redis keys whatever bytes their scope and key
@@ -243,19 +246,40 @@ func stateOf(v string) []byte {
 // precision), whoever holds it: the key then holds a lease nobody owns, which
 // expires after ttl. It is for a caller that knows the key's state from a
 // source of truth (idem writes the copy of an answer stored in PostgreSQL).
-func (l *Locker) Set(ctx context.Context, scope, key string, state []byte, ttl time.Duration) error {
-	if ttl < time.Millisecond {
-		return fmt.Errorf("lock: set: ttl %v below 1ms", ttl)
+//
+// Set does not wait for Redis: the write goes out with the Locker's next
+// exchange, at once when none is out, and every call made through the
+// Locker after Set returns reaches Redis after it. The ttl counts from the
+// call: a write still queued when it has run out is dropped. answered, when
+// not nil, is called once with the write's error (nil when it was written
+// or dropped), from a goroutine of the Locker's or, for a ttl below 1ms,
+// before Set returns; it must not block. The write is bounded by the
+// Locker's Timeout, and so is its wait behind earlier exchanges: a write not
+// sent within it is dropped and reported as ErrUnavailable.
+func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answered func(error)) {
+	if answered == nil {
+		answered = func(error) {}
 	}
-	cctx, cancel := l.callCtx(ctx)
-	defer cancel()
+	if ttl < time.Millisecond {
+		answered(fmt.Errorf("lock: set: ttl %v below 1ms", ttl))
+		return
+	}
+	now := time.Now()
+	expires, giveUp := now.Add(ttl), now.Add(l.cfg.Timeout)
 	v := unowned + string(state)
 	k := l.Key(scope, key)
-	_, err := l.pipe.do(cctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder { return c.Set(ctx, k, v, ttl) })
-	if err != nil {
-		return l.wrap(ctx, "set", err)
-	}
-	return nil
+	l.pipe.later(&call{
+		ctx: context.Background(), n: 1, expires: expires, giveUp: giveUp,
+		queue: func(ctx context.Context, c redis.Cmdable) redis.Cmder {
+			return c.Set(ctx, k, v, max(time.Until(expires), time.Millisecond))
+		},
+		answered: func(err error) {
+			if err != nil {
+				err = l.wrap(context.Background(), "set", err)
+			}
+			answered(err)
+		},
+	})
 }
 
 // Delete removes the lease of (scope, key), whoever holds it. Deleting a key

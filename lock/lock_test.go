@@ -284,7 +284,7 @@ func TestLeaseState(t *testing.T) {
 
 		// Set overwrites whoever holds the key; the old holder can then
 		// neither replace nor release it.
-		require.NoError(t, l.Set(ctx, "u", "k", []byte("copy"), time.Minute))
+		require.NoError(t, set(l, "u", "k", []byte("copy"), time.Minute))
 		require.ErrorIs(t, lease.Replace(ctx, []byte("stale"), time.Minute), lock.ErrNotHeld)
 		require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
 		_, held, err = l.Obtain(ctx, "u", "k", nil)
@@ -330,8 +330,15 @@ func TestLeaseState(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []byte("new holder"), held)
 
-		require.Error(t, l.Set(ctx, "u", "k", nil, 0), "a TTL below 1ms is refused")
+		require.Error(t, set(l, "u", "k", nil, 0), "a TTL below 1ms is refused")
 	})
+}
+
+// set is Locker.Set, waiting for its answer.
+func set(l *lock.Locker, scope, key string, state []byte, ttl time.Duration) error {
+	answered := make(chan error, 1)
+	l.Set(scope, key, state, ttl, func(err error) { answered <- err })
+	return <-answered
 }
 
 // A refused caller learns how long ago the held lease was taken, by Redis's
@@ -351,7 +358,7 @@ func TestHeldLeaseAge(t *testing.T) {
 	require.Equal(t, 12*time.Second, age)
 
 	// A value Set for longer than a lease's TTL is not old.
-	require.NoError(t, l.Set(ctx, "u", "k", []byte("copy"), time.Hour))
+	require.NoError(t, set(l, "u", "k", []byte("copy"), time.Hour))
 	_, age, _, err = l.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	require.Zero(t, age)

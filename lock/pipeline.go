@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -23,6 +24,8 @@ const maxBatch = 256
 //
 // Each caller waits for its own command at most until its context ends; a
 // command whose caller has gone by the time its batch is sent is not sent.
+// A command queued with later has no caller waiting: it goes with the next
+// exchange, and its callback learns how it went.
 // A pipeline's exchange is bounded by the Locker's Timeout and runs under a
 // context of its own: the values of its callers' contexts (a trace span, say)
 // reach go-redis's hooks only for a command sent alone.
@@ -46,8 +49,20 @@ type call struct {
 	queue func(ctx context.Context, c redis.Cmdable) redis.Cmder
 	cmd   redis.Cmder
 	err   error
-	done  chan struct{}
+	done  chan struct{} // closed once answered, for a caller waiting in do
+
+	// A call queued with later: nobody waits for it. answered, when not
+	// nil, is called with its error. A call still queued at expires (the
+	// end of what it writes) is dropped and answered nil; one still queued
+	// at giveUp (the Locker's Timeout after it was queued) is dropped and
+	// answered errNotSent, as a caller waiting that long would have given up.
+	answered        func(error)
+	expires, giveUp time.Time
 }
+
+// errNotSent answers a call queued with later that waited its Timeout behind
+// exchanges that did not return.
+var errNotSent = errors.New("not sent within the timeout: the exchanges before it did not return")
 
 // do sends the n commands that queue adds, in one round trip, and returns
 // the one queue returns with its error (redis.Nil for a nil reply), or ctx's
@@ -71,6 +86,21 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// later queues c without waiting for it: it goes out with the next exchange,
+// after every command queued before it and before every command queued
+// after it, from a goroutine of the pipeline's own when none is out.
+func (p *pipeline) later(c *call) {
+	p.mu.Lock()
+	p.pending = append(p.pending, c)
+	if p.busy {
+		p.mu.Unlock()
+		return
+	}
+	p.busy = true
+	p.mu.Unlock()
+	go p.drain(p.take())
 }
 
 // next ends an exchange: the commands that queued meanwhile go out from a
@@ -102,12 +132,19 @@ func (p *pipeline) drain(batch []*call) {
 	for ; batch != nil; batch = p.take() {
 		live := batch[:0:0]
 		for _, c := range batch {
-			if err := c.ctx.Err(); err != nil {
-				c.err = err
-				close(c.done)
-				continue
+			now := time.Now()
+			switch {
+			case c.answered != nil && c.expires.Sub(now) < time.Millisecond:
+				c.answered(nil)
+			case c.answered != nil && now.After(c.giveUp):
+				c.err = errNotSent
+				c.finish()
+			case c.ctx.Err() != nil:
+				c.err = c.ctx.Err()
+				c.finish()
+			default:
+				live = append(live, c)
 			}
-			live = append(live, c)
 		}
 		if len(live) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
@@ -115,8 +152,18 @@ func (p *pipeline) drain(batch []*call) {
 			cancel()
 		}
 		for _, c := range live {
-			close(c.done)
+			c.finish()
 		}
+	}
+}
+
+// finish hands c's result to whoever wants it.
+func (c *call) finish() {
+	if c.done != nil {
+		close(c.done)
+	}
+	if c.answered != nil {
+		c.answered(c.err)
 	}
 }
 

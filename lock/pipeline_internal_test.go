@@ -175,12 +175,18 @@ func TestPipelineCallerGoneIsNotSent(t *testing.T) {
 	ctx := context.Background()
 
 	first := make(chan error, 1)
-	go func() { first <- l.Set(ctx, "u", "first", []byte("x"), time.Minute) }()
+	go func() {
+		_, _, err := l.Obtain(ctx, "u", "first", []byte("x"))
+		first <- err
+	}()
 	<-g.held
 
 	gone, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
-	go func() { errc <- l.Set(gone, "u", "gone", []byte("x"), time.Minute) }()
+	go func() {
+		_, _, err := l.Obtain(gone, "u", "gone", []byte("x"))
+		errc <- err
+	}()
 	require.Eventually(t, func() bool { return l.pipe.queued() == 1 }, 10*time.Second, time.Millisecond)
 	cancel()
 	err = <-errc
@@ -189,14 +195,131 @@ func TestPipelineCallerGoneIsNotSent(t *testing.T) {
 
 	close(g.release)
 	require.NoError(t, <-first)
-	// Once the pipeline is idle again, the gone caller's SET was not sent.
+	waitIdle(t, l)
+	require.True(t, mr.Exists(l.Key("u", "first")))
+	require.False(t, mr.Exists(l.Key("u", "gone")), "the gone caller's obtain was not sent")
+}
+
+// waitIdle waits until l's pipeline has nothing out and nothing queued.
+func waitIdle(t *testing.T, l *Locker) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		l.pipe.mu.Lock()
 		defer l.pipe.mu.Unlock()
 		return !l.pipe.busy
 	}, 10*time.Second, time.Millisecond)
-	require.True(t, mr.Exists(l.Key("u", "first")))
-	require.False(t, mr.Exists(l.Key("u", "gone")))
+}
+
+// Set does not wait: its write goes with the next exchange, before every
+// command queued after it, so that the caller's next command (and anyone's
+// after that) finds it; its callback learns how it went.
+func TestPipelineSetGoesBeforeLaterCommands(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			g := newGate()
+			c.AddHook(g)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			first := make(chan error, 1)
+			go func() { first <- l.Delete(ctx, "u", "held") }()
+			<-g.held
+
+			answered := make(chan error, 1)
+			l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+			require.Equal(t, 1, l.pipe.queued(), "Set returned without waiting for the exchange out")
+			type result struct {
+				state []byte
+				err   error
+			}
+			obtained := make(chan result, 1)
+			go func() {
+				_, state, err := l.Obtain(ctx, "u", "k", []byte("claiming"))
+				obtained <- result{state, err}
+			}()
+			require.Eventually(t, func() bool { return l.pipe.queued() == 2 }, 10*time.Second, time.Millisecond)
+			close(g.release)
+
+			require.NoError(t, <-first)
+			require.NoError(t, <-answered)
+			r := <-obtained
+			require.ErrorIs(t, r.err, ErrNotObtained, "the obtain queued after Set found its write")
+			require.Equal(t, []byte("copy"), r.state)
+		})
+	}
+}
+
+// A write whose exchange fails reports ErrUnavailable to its callback, and a
+// write still queued when its ttl has run out is dropped, not written late.
+func TestPipelineSetFailsOrExpires(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	l, err := New(c, &Config{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	answered := make(chan error, 1)
+	l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+	require.ErrorIs(t, <-answered, ErrUnavailable)
+	mr.SetError("")
+
+	g := newGate()
+	c.AddHook(g)
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { first <- l.Delete(ctx, "u", "held") }()
+	<-g.held
+	l.Set("u", "late", []byte("copy"), 2*time.Millisecond, func(err error) { answered <- err })
+	deadline := time.Now().Add(3 * time.Millisecond)
+	for time.Now().Before(deadline) { // until the write's ttl has run out, not a guess
+		time.Sleep(time.Millisecond)
+	}
+	close(g.release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-answered, "a dropped write is not a failure")
+	waitIdle(t, l)
+	require.False(t, mr.Exists(l.Key("u", "late")), "a write past its ttl is not sent")
+
+	require.Error(t, setAndWait(l, "u", "k", nil, 0), "a ttl below 1ms is refused")
+}
+
+// A write queued behind exchanges that outlast the Locker's Timeout is
+// dropped and reported unavailable, as a caller that waited would have been:
+// during a Redis stall, unwaited writes do not pile up.
+func TestPipelineSetGivesUpAfterTimeout(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	const timeout = 20 * time.Millisecond
+	l, err := New(c, &Config{Timeout: timeout})
+	require.NoError(t, err)
+	g := newGate()
+	c.AddHook(g)
+
+	stalled := make(chan error, 1)
+	go func() { stalled <- l.Delete(context.Background(), "u", "stalled") }()
+	<-g.held
+	answered := make(chan error, 1)
+	l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+	deadline := time.Now().Add(timeout + time.Millisecond)
+	for time.Now().Before(deadline) { // until the write has waited its Timeout, not a guess
+		time.Sleep(time.Millisecond)
+	}
+	close(g.release)
+	<-stalled
+	err = <-answered
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, errNotSent)
+	waitIdle(t, l)
+	require.False(t, mr.Exists(l.Key("u", "k")), "the write was not sent")
+}
+
+// setAndWait is Set, waiting for its answer.
+func setAndWait(l *Locker, scope, key string, state []byte, ttl time.Duration) error {
+	answered := make(chan error, 1)
+	l.Set(scope, key, state, ttl, func(err error) { answered <- err })
+	return <-answered
 }
 
 // A command queued behind a stalled exchange fails within its caller's

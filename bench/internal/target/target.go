@@ -332,17 +332,17 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lea
 		return "", err
 	}
 	if lease != nil {
-		err := c.locker.Set(context.WithoutCancel(ctx), req.Scope, req.Key, c.copy(req.Fingerprint), leaseCopyTTL)
-		if err != nil {
-			return "", err
-		}
+		// As the guard: the copy goes with the next exchange, unwaited; a
+		// lost copy only sends replays to the row.
+		c.locker.Set(req.Scope, req.Key, c.copy(req.Fingerprint), leaseCopyTTL, nil)
 	}
 	return idem.OutcomeExecuted.String(), nil
 }
 
 // doHybrid is the guard's hybrid protocol since the lease carries the key's
-// state: one round trip (the lock's obtain: SET NX GET and PTTL) takes the lease with the
-// state "claiming" and this request's fingerprint, or returns the state held,
+// state: one round trip (the lock's obtain: SET NX GET and PTTL) takes the
+// lease with the state "claiming" and this request's fingerprint, or returns
+// the state held,
 // which answers 409, 422 or a replay without PostgreSQL; the holder claims
 // the durable row like the table strategy and, once its answer is written,
 // puts a copy of it in the lease (lock.Locker.Set). A state that cannot tell
