@@ -1,0 +1,124 @@
+package main_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"flag"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemguard/idem/internal/testredis"
+	"github.com/idemguard/idem/lock"
+)
+
+var leaseCallers = flag.Int("lease-callers", 32, "BenchmarkLeaseCost: concurrent callers")
+
+// BenchmarkLeaseCost measures what the hybrid's lease adds to a request, in
+// CPU on each side: the guard process (client-cpu-µs/op: the lock, go-redis,
+// the Go runtime) and the Redis server (redis-cpu-µs/op, from INFO cpu).
+// Callers run concurrently (-lease-callers, 32 by default), so commands
+// share round trips as they do under load.
+//
+//   - path=first_execution: the lease of a new key (SET NX GET and PTTL),
+//     then the copy of a 200-byte answer (SET): the two round trips a first
+//     execution adds to the table strategy's two statements;
+//   - path=replay: the lease of a key that holds a copy (SET NX GET and
+//     PTTL, refused, returning the copy): all a replay costs.
+//
+// Both figures count everything the process and the server did during the
+// run, so nothing else should run beside it:
+//
+//	go test -run '^$' -bench LeaseCost -benchtime 30000x -count 5 ./bench
+func BenchmarkLeaseCost(b *testing.B) {
+	for _, path := range []string{"first_execution", "replay"} {
+		b.Run("path="+path, func(b *testing.B) {
+			c := testredis.Client(b)
+			l, err := lock.New(c, &lock.Config{Prefix: testredis.Prefix(b, c)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := b.Context()
+			fp := sha256.Sum256([]byte("body"))
+			claiming := append([]byte{'c'}, fp[:]...)
+			answerCopy := append([]byte{'A'}, fp[:]...)
+			answerCopy = append(answerCopy, strings.Repeat("a", 200)...)
+			answered := make(chan error, 1)
+			l.Set("s", "replayed", answerCopy, time.Hour, func(err error) { answered <- err })
+			if err := <-answered; err != nil {
+				b.Fatal(err)
+			}
+			var seq atomic.Int64
+			var copies sync.WaitGroup                                     // Set does not wait: the run ends when every copy is answered
+			b.SetParallelism(max(*leaseCallers/runtime.GOMAXPROCS(0), 1)) // goroutines per GOMAXPROCS
+			b.ReportAllocs()
+			client0, redis0 := processCPU(b), redisCPU(b, c)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if path == "replay" {
+						held, _, replace, err := l.TryLock(ctx, "s", "replayed", claiming)
+						if err != nil || replace != nil || len(held) != len(answerCopy) {
+							b.Errorf("replay: got %d bytes, %v", len(held), err)
+							return
+						}
+						continue
+					}
+					k := strconv.FormatInt(seq.Add(1), 36)
+					held, _, replace, err := l.TryLock(ctx, "s", k, claiming)
+					if err != nil || held != nil || replace == nil {
+						b.Errorf("lease of a new key: %v", err)
+						return
+					}
+					copies.Add(1)
+					l.Set("s", k, answerCopy, time.Minute, func(err error) {
+						if err != nil {
+							b.Error(err)
+						}
+						copies.Done()
+					})
+				}
+			})
+			copies.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(processCPU(b)-client0)/1e3/float64(b.N), "client-cpu-µs/op")
+			b.ReportMetric(float64(redisCPU(b, c)-redis0)/1e3/float64(b.N), "redis-cpu-µs/op")
+		})
+	}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU is the CPU time the Redis server has used (INFO cpu).
+func redisCPU(tb testing.TB, c redis.UniversalClient) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var secs float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				tb.Fatalf("INFO cpu: %q: %v", line, err)
+			}
+			secs += f
+		}
+	}
+	return time.Duration(secs * float64(time.Second))
+}
