@@ -23,12 +23,13 @@ import (
 	"github.com/idemguard/idem/internal/testdb"
 )
 
-// PostgreSQL slows down (300 ms added to every round trip) under a steady 80
-// new orders per second, on a pool of 4 connections shared with the handler's
-// own transaction, as in the checkout example. During the fault, requests
-// that find no connection free within AdmissionWait are refused with 503 at
-// once; once it ends, new orders are served again within 5 s (the chaos run
-// of issue 20 saw 95 s). Every order runs at most once.
+// PostgreSQL slows down (300 ms added to every round trip) under a steady
+// 80 new orders per second, on a pool of 4 connections shared with the
+// handler's own transaction, as in the checkout example. During the fault,
+// requests that find no connection free within AdmissionWait are refused
+// with 503 at once; once it ends, new orders are served again within 5 s
+// (no backlog of requests queued for their whole StoreTimeout keeps every
+// connection busy after it). Every order runs at most once.
 //
 // IDEM_FAULT_SLOW_FOR sets the fault's length (default 4s; the figure in
 // docs/reliability.md is for 30s).

@@ -1104,7 +1104,7 @@ func TestFaultPartialPartition(t *testing.T) {
 // longer than the lock's 500ms timeout (300ms each way), then a 700ms stall
 // of every connection. The lease script times out, the request falls back to
 // the table claim while the lease holder may still run the work, and the
-// claim refuses it. (A one-connection pool no longer runs out by itself: the
+// claim refuses it. (A one-connection pool does not run out by itself: the
 // Locker's commands share one exchange at a time, in one pipeline.)
 func TestFaultRedisBusy(t *testing.T) {
 	heavy.Gate(t) // the fault suite: seconds of load per scenario

@@ -87,12 +87,12 @@ func (c *checkout) resolve(down *atomic.Bool) reconcile.ResolveFunc {
 	}
 }
 
-// TestUnansweredKeyNeverExpires is issue 20's finding 1: a key left in
-// progress (a 504 after the charge, a crash after it) is retried, as
-// Retry-After says, past the store's retention. Each sequence ends in exactly
-// one charge and one final answer: the row in progress never expires into a
-// new intent, and a key settled just before its old expiry lives a whole
-// retention from its answer.
+// TestUnansweredKeyNeverExpires: a key left in progress (a 504 after the
+// charge, a crash after it) is retried, as Retry-After says, past the
+// store's retention. Each sequence ends in exactly one charge and one final
+// answer: the row in progress never expires into a new intent, however old,
+// and a key settled just before a retention has passed since its claim
+// lives a whole retention from its answer.
 func TestUnansweredKeyNeverExpires(t *testing.T) {
 	for _, seq := range []string{"answered 504", "crash after the charge", "settled just before expiry"} {
 		t.Run(seq, func(t *testing.T) {
@@ -173,11 +173,11 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 	}
 }
 
-// TestReconcilerWaitsForTheRowsDeadline is issue 17's finding 1: two Guards
-// with different WorkTimeouts share a table, and the reconciler is built from
-// the short one. The long one's execution, older than the reconciler's
-// MinAge but within its own deadline, is neither released nor settled; its
-// answer is stored and replayed, after exactly one execution.
+// TestReconcilerWaitsForTheRowsDeadline: two Guards with different
+// WorkTimeouts share a table, and the reconciler is built from the short
+// one. The long one's execution, older than the reconciler's MinAge but
+// within its own deadline, is neither released nor settled; its answer is
+// stored and replayed, after exactly one execution.
 func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy, func(o *setupOpts) { o.cfg.WorkTimeout = 5 * time.Minute })
@@ -234,10 +234,10 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 	})
 }
 
-// TestReleaseKeepsTheIntent is issue 17's item 2: a release, by the work or
-// by a reconciler, keeps the key's intent. The next attempt runs under the
-// same intent token (so DeriveID and DownstreamKey give the same names) with the
-// next attempt number, and the key with another request is still refused.
+// TestReleaseKeepsTheIntent: a release, by the work or by a reconciler,
+// keeps the key's intent. The next attempt runs under the same intent token
+// (so DeriveID and DownstreamKey give the same names) with the next attempt
+// number, and the key with another request is still refused.
 func TestReleaseKeepsTheIntent(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy)
@@ -300,11 +300,11 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 	})
 }
 
-// TestClaimDoesNotWaitForAJoinedAnswer is issue 17's finding 3: a work that
-// completed its answer through its own transaction and has not committed
-// holds the row's lock. Retries of the key are answered 409 at once instead
-// of waiting for the lock (and for StoreTimeout, a 503), and other keys are
-// served meanwhile, on a pool of three connections.
+// TestClaimDoesNotWaitForAJoinedAnswer: a work that completed its answer
+// through its own transaction and has not committed holds the row's lock.
+// Retries of the key are answered 409 at once instead of waiting for the
+// lock (and for StoreTimeout, a 503), and other keys are served meanwhile,
+// on a pool of three connections.
 func TestClaimDoesNotWaitForAJoinedAnswer(t *testing.T) {
 	for _, strategy := range []string{"table", "hybrid-miniredis"} {
 		t.Run("strategy="+strategy, func(t *testing.T) {
@@ -395,11 +395,10 @@ func (s *lostReply) Claim(ctx context.Context, p idem.ClaimParams) (idem.Record,
 	return rec, claimed, err
 }
 
-// TestAmbiguousClaimIsGivenBack is issue 17's item 7: a claim that committed
-// but whose reply was lost (StoreTimeout expired on a stalled commit) is
-// released by the Guard, owner-checked: the work did not run, and the
-// client's retry runs it, instead of finding a key in progress with no
-// execution behind it.
+// TestAmbiguousClaimIsGivenBack: a claim that committed but whose reply was
+// lost (StoreTimeout expired on a stalled commit) is released by the Guard,
+// owner-checked: the work did not run, and the client's retry runs it,
+// instead of finding a key in progress with no execution behind it.
 func TestAmbiguousClaimIsGivenBack(t *testing.T) {
 	for _, strategy := range []string{"table", "hybrid-miniredis"} {
 		t.Run("strategy="+strategy, func(t *testing.T) {

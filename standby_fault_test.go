@@ -25,17 +25,16 @@ import (
 )
 
 // A PostgreSQL failover to a synchronous standby keeps what the guard
-// acknowledged (issue 17, item 8). The primary replicates to one standby,
-// named in synchronous_standby_names, with synchronous_commit = on; the
-// standby's replay is paused, so that what it has at the crash is flushed to
-// its WAL and not yet applied (on waits for the flush, not the replay).
-// Guards of both strategies, with synchronous and with asynchronous answer
-// writes, run intents against the primary: some answered, some whose work is
-// still running (their claims acknowledged, their answers not yet written).
-// Right after the last answer is acknowledged the primary is killed
-// (SIGKILL to every process of it), and the standby is promoted. Then every
-// intent is retried against the promoted standby, through a guard of each
-// strategy:
+// acknowledged. The primary replicates to one standby, named in
+// synchronous_standby_names, with synchronous_commit = on; the standby's
+// replay is paused, so that what it has at the crash is flushed to its WAL
+// and not yet applied (on waits for the flush, not the replay). Guards of
+// both strategies, with synchronous and with asynchronous answer writes,
+// run intents against the primary: some answered, some whose work is still
+// running (their claims acknowledged, their answers not yet written). Right
+// after the last answer is acknowledged the primary is killed (SIGKILL to
+// every process of it), and the standby is promoted. Then every intent is
+// retried against the promoted standby, through a guard of each strategy:
 //
 //   - every acknowledged claim is there: no work runs a second time (a work
 //     counter per intent), and a key whose work was running is refused 409;

@@ -102,9 +102,9 @@ func checkPlans(t *testing.T, pool *pgxpool.Pool, statements map[string]keyState
 // TestAnswerWritesAreHOT claims and answers keys the way requests do, one
 // answer right after its claim, and reads the table's statistics: every
 // answer write must be a HOT update (heap-only tuple: the new version on the
-// same page, no index entry written). It fails on the schema before
-// migration 0003, whose partial index of in-progress rows made every answer
-// write insert three index entries.
+// same page, no index entry written). An index that reads response_status,
+// such as the partial index of in-progress rows that migration 0003 drops,
+// would make every answer write insert three index entries.
 func TestAnswerWritesAreHOT(t *testing.T) {
 	ctx := t.Context()
 	s0, pool := planStore(t)

@@ -207,18 +207,18 @@ WHERE (user_id, key) IN (
 // $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body, $7 retention.
 //
 // The answer write is a HOT update (TestAnswerWritesAreHOT): it changes no
-// column an index uses (migration 0003 dropped the partial index whose
-// predicate read response_status), and fillfactor leaves room for the new
-// version on its page. reconcile_after = NULL takes a postponed row out of the
-// reconciler's partial index once it has its answer; on every other row it is
-// already NULL, which PostgreSQL counts as unchanged.
+// column an index uses (no index reads response_status: migration 0003
+// drops the partial index of in-progress rows), and fillfactor leaves room
+// for the new version on its page. reconcile_after = NULL takes a postponed
+// row out of the reconciler's partial index once it has its answer; on
+// every other row it is already NULL, which PostgreSQL counts as unchanged.
 //
 // A row in progress never expires, so only a released one is refused by the
 // liveness check ({live7}, see live).
 //
 // Every statement says "no answer yet" as response_status IS NULL, and only
 // this one sets an answer, with its completed_at: no CHECK constraint is
-// needed to keep the two NULL together (migration 0004 dropped them).
+// needed to keep the two NULL together (migration 0004 drops them).
 // TestPlansUseThePrimaryKey pins the plans of the writes on the primary key.
 const completeSQL = `
 UPDATE {t} SET

@@ -77,9 +77,8 @@ func TestSweeperBatches(t *testing.T) {
 	b := setup(t, nil)
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 250, "25 hours")
 
-	// Count the DELETE statements through the statement log of the
-	// session? Simpler: the batch size bounds each statement, so a run of
-	// 250 rows in batches of 100 deletes 100, 100, 50 and stops.
+	// The batch size bounds each statement: a run over 250 rows in
+	// batches of 100 deletes 100, 100, then 50, and stops with none left.
 	sw, _ := newSweeper(t, b, durable.SweeperConfig{BatchSize: 100, BatchPause: time.Millisecond})
 	n, err := sw.SweepOnce(b.ctx)
 	require.NoError(t, err)

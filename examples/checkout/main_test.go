@@ -38,8 +38,9 @@ func TestFlagErrors(t *testing.T) {
 		{"work syntax", []string{"-work", "soon"}, `invalid value "soon" for flag -work`},
 		{"negative work", []string{"-work", "-1s"}, "-work -1s must not be negative"},
 		{"ttl", []string{"-ttl", "0s"}, "-ttl 0s must be at least 1s"},
-		// Issue 20: a -ttl of 65s let a settled key expire before the
-		// client that waited for it came back, and charged it again.
+		// The retention must outlast the reconciler's reach, or a settled
+		// key could expire before a client that waited for it returns, and
+		// that client's retry would charge again.
 		{"ttl within the reconciler's reach", []string{"-ttl", "65s"}, "-ttl 1m5s must be longer than -reconcile-after 1m0s + -reconcile-every 10s"},
 		// The pending Retry-After is derived from the reconciler's settings:
 		// 10m - 46.5s + 10s, sent as up to 11m17s with its jitter.

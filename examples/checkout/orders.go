@@ -45,7 +45,7 @@ const (
 	OrderPaid           OrderStatus = "paid"
 	OrderDeclined       OrderStatus = "declined"
 	OrderPaymentUnknown OrderStatus = "payment_unknown" // the charge timed out: the reconciler asks the provider
-	OrderAbandoned      OrderStatus = "abandoned"       // the reconciler found no charge and released the key: the retry is a new intent with a new order
+	OrderAbandoned      OrderStatus = "abandoned"       // the reconciler found no charge and released the key: the retry, the intent's next attempt, takes the order up again
 )
 
 // Order is a checkout of seat holds. The exported fields are its JSON form.

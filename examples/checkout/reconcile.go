@@ -17,7 +17,8 @@ import (
 //     charged; the key is released and the client's next retry runs.
 //   - an order, but no charge under its key: the request died before the
 //     charge; the order is marked abandoned and the key released likewise.
-//     The retry is a new intent: a new order under a new provider key.
+//     The retry is the next attempt of the same intent: it takes up the same
+//     order and charges it under the same provider key.
 //     WARNING: this trusts that a charge call of the dead request cannot
 //     still reach the provider after MinAge (-reconcile-after); a real
 //     provider's request timeout must be shorter than that.
