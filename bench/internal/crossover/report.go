@@ -134,6 +134,46 @@ func (r *Result) Ratios() []Ratio {
 	return out
 }
 
+// stalledShare is the fraction of the run's median busy cores below which a
+// round counts as stalled.
+const stalledShare = 0.75
+
+// Stalled returns the run's median busy cores and the rounds during which the machine was busy on fewer
+// than stalledShare of the run's median busy cores. Throughput follows CPU
+// when a round saturates the machine, so such a round was held by something
+// else (a checkpoint's writes, the disk under the commits, a stall of the
+// proxy): its ratio is in the medians and ranges like any other, and the
+// report names it so that a reader can weigh it.
+func (r *Result) Stalled() (busy float64, stalled []Cell) {
+	var cores []float64
+	for _, c := range r.Cells {
+		if c.MachineCores > 0 {
+			cores = append(cores, c.MachineCores)
+		}
+	}
+	if len(cores) == 0 {
+		return 0, nil
+	}
+	busy = median(cores)
+	for _, c := range r.Cells {
+		if c.MachineCores > 0 && c.MachineCores < stalledShare*busy {
+			stalled = append(stalled, c)
+		}
+	}
+	return busy, stalled
+}
+
+// stalledLines describes the stalled rounds, one line each.
+func (r *Result) stalledLines() []string {
+	busy, cells := r.Stalled()
+	var out []string
+	for _, c := range cells {
+		out = append(out, fmt.Sprintf("%s, %.0f%% retries, %s, round %d: %.2f cores busy (the run's median %.2f), %.0f req/s",
+			distLabel(c.Distance), 100*c.Share, c.Strategy, c.Round, c.MachineCores, busy, c.Throughput()))
+	}
+	return out
+}
+
 // Verdict is the sentence for one distance: the lowest share from which
 // the hybrid's median ratio is at least Pays at that share and every higher
 // one.
@@ -225,6 +265,12 @@ func (r *Result) Summary(w io.Writer) {
 	}
 	for _, d := range r.Config.Distances {
 		fmt.Fprintln(w, "verdict: "+r.Verdict(d))
+	}
+	if lines := r.stalledLines(); len(lines) > 0 {
+		fmt.Fprintf(w, "stalled rounds (the machine below %.0f%% of the run's median busy cores: not CPU-bound, held by something else):\n", 100*stalledShare)
+		for _, l := range lines {
+			fmt.Fprintln(w, "  "+l)
+		}
 	}
 }
 
@@ -358,6 +404,14 @@ func (r *Result) markdown(w io.Writer, command string) {
 			distLabel(p.Distance), p.MeasuredRTT.Round(time.Microsecond), 100*p.Share, p.Strategy, p.Throughput,
 			p.P99.Round(10*time.Microsecond), p.StatementsPerRequest, p.PGMicros, p.GuardMicros, p.RedisMicros, p.ProxyMicros, p.RedisPerRequest,
 			p.Outcomes["executed"], p.Outcomes["replayed"], p.Outcomes["in_progress"], p.Outcomes["key_reused"], p.Errors)
+	}
+	if lines := r.stalledLines(); len(lines) > 0 {
+		fmt.Fprintf(w, "\n## Stalled rounds\n\nThroughput follows CPU when a round saturates the machine. These rounds kept it below %.0f%% "+
+			"of the run's median busy cores, so something other than CPU held them (a checkpoint's writes, the disk under the commits, "+
+			"a stall of the proxy); their ratios are in the medians and ranges above like any other's:\n\n", 100*stalledShare)
+		for _, l := range lines {
+			fmt.Fprintf(w, "- %s\n", l)
+		}
 	}
 	fmt.Fprintf(w, "\nEvery run is in [%s](%s).\n", CSVFile, CSVFile)
 }

@@ -1,7 +1,9 @@
 package crossover
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +20,8 @@ func result(ratio func(d time.Duration, share float64) float64) *Result {
 	for _, d := range cfg.Distances {
 		for _, s := range cfg.Shares {
 			for round := 1; round <= cfg.Rounds; round++ {
-				table := Cell{Distance: d, Share: s, Strategy: target.Table, Round: round, Requests: 1000, Elapsed: time.Second, P99: 10 * time.Millisecond}
+				table := Cell{Distance: d, Share: s, Strategy: target.Table, Round: round, Requests: 1000, Elapsed: time.Second, P99: 10 * time.Millisecond,
+					MachineCores: 1.8}
 				hybrid := table
 				hybrid.Strategy = target.Hybrid
 				hybrid.Requests = int64(1000 * ratio(d, s))
@@ -62,4 +65,28 @@ func TestWrite(t *testing.T) {
 	for _, x := range r.Ratios() {
 		require.InDelta(t, 1.1, x.Median, 1e-9)
 	}
+}
+
+// A round that kept the machine well below the run's usual busy cores is
+// named as stalled, in the summary and in the report; the others are not.
+func TestStalledRounds(t *testing.T) {
+	r := result(func(time.Duration, float64) float64 { return 1 })
+	_, stalled := r.Stalled()
+	require.Empty(t, stalled, "every round as busy as the others")
+
+	r.Cells[5].MachineCores = 0.6 // +0s, 50%, hybrid, round 1 (table, hybrid per round)
+	busy, stalled := r.Stalled()
+	require.InDelta(t, 1.8, busy, 1e-9)
+	require.Len(t, stalled, 1)
+	require.Equal(t, r.Cells[5], stalled[0])
+
+	var b strings.Builder
+	r.Summary(&b)
+	require.Contains(t, b.String(), "loopback, 50% retries, hybrid, round 1: 0.60 cores busy (the run's median 1.80)")
+	dir := t.TempDir()
+	require.NoError(t, r.Write(dir, "go run ./bench crossover"))
+	md, err := os.ReadFile(filepath.Join(dir, MarkdownFile))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## Stalled rounds")
+	require.Contains(t, string(md), "- loopback, 50% retries, hybrid, round 1: 0.60 cores busy")
 }
