@@ -146,7 +146,7 @@ func appendString(b []byte, s string) []byte {
 func readHeader(b []byte) (http.Header, bool) {
 	r := reader{b: b, ok: true}
 	names := r.uvarint()
-	if names > uint64(len(b)) { // each name takes at least two bytes
+	if names > uint64(len(b))/2 { // each name takes at least two bytes: its length and its count
 		return nil, false
 	}
 	h := make(http.Header, names)
