@@ -59,7 +59,7 @@ func newLeaseRig(t *testing.T, strategy string, cfg *idem.Config, dcfg *durable.
 	case "hybrid-miniredis":
 		r.mr = miniredis.RunT(t)
 		r.redis = testredis.Miniredis(t, r.mr)
-		l, err := lock.New(r.redis, nil)
+		l, err := lock.New(r.redis, &lock.Config{Timeout: 5 * time.Second}) // as above
 		require.NoError(t, err)
 		r.locker = l
 	default:
@@ -457,7 +457,7 @@ func TestLeaseCopyInFlight(t *testing.T) {
 	a := newLeaseRig(t, "hybrid-miniredis", nil, nil)
 	gate := newCopyGate()
 	a.redis.AddHook(gate)
-	other, err := lock.New(testredis.Miniredis(t, a.mr), nil)
+	other, err := lock.New(testredis.Miniredis(t, a.mr), &lock.Config{Timeout: 5 * time.Second})
 	require.NoError(t, err)
 	count := &countingStore{Store: a.store}
 	b, err := idem.New(count, &idem.Config{Lock: other, Logger: slog.New(slog.DiscardHandler)})
