@@ -1102,7 +1102,7 @@ func TestFaultPartialPartition(t *testing.T) {
 
 // Redis busy: a lock client of one connection whose every exchange takes
 // longer than the lock's 500ms timeout (300ms each way), then a 700ms stall
-// of every connection. The lease script times out, the request falls back to
+// of every connection. The lease call times out, the request falls back to
 // the table claim while the lease holder may still run the work, and the
 // claim refuses it. (A one-connection pool does not run out by itself: the
 // Locker's commands share one exchange at a time, in one pipeline.)
@@ -1135,7 +1135,7 @@ func TestFaultRedisBusy(t *testing.T) {
 			})
 			f := figures{scenario: "redis-" + fault, strategy: "hybrid", faults: 1, recovered: recovered}
 			r.finish(t, &f, all, faultLeaseTTL+time.Second)
-			require.NotZero(t, f.fallbacks, "the lease script timed out and fell back to the table claim")
+			require.NotZero(t, f.fallbacks, "the lease call timed out and fell back to the table claim")
 			r.fresh(t)
 			f.log(t)
 		})
