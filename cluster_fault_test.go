@@ -154,8 +154,6 @@ type leaseSpy struct {
 	granted map[string][]time.Time
 }
 
-func newLeaseSpy(*testing.T) *leaseSpy { return &leaseSpy{} }
-
 func (s *leaseSpy) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (s *leaseSpy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -179,21 +177,10 @@ func (s *leaseSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // record notes cmd if it is the lock's obtain that took its key: SET <key>
 // <value> ... NX ... GET, answered nil.
 func (s *leaseSpy) record(cmd redis.Cmder) {
-	args := cmd.Args()
-	if len(args) < 3 || !errors.Is(cmd.Err(), redis.Nil) {
+	if set, nx, get := setOptions(cmd); !set || !nx || !get || !errors.Is(cmd.Err(), redis.Nil) {
 		return
 	}
-	name, _ := args[0].(string)
-	key, _ := args[1].(string)
-	var nx, get bool
-	for _, a := range args[3:] {
-		opt, _ := a.(string)
-		nx = nx || strings.EqualFold(opt, "nx")
-		get = get || strings.EqualFold(opt, "get")
-	}
-	if !strings.EqualFold(name, "set") || !nx || !get {
-		return
-	}
+	key, _ := cmd.Args()[1].(string)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.granted == nil {
@@ -246,7 +233,7 @@ func TestFaultRedisClusterFailover(t *testing.T) {
 			const prefix = "idem:"
 			cl := tempserver.StartRedisCluster(t)
 			c := testredis.Cluster(t, cl.Addrs())
-			spy := newLeaseSpy(t)
+			spy := &leaseSpy{}
 			c.AddHook(spy)
 			pool, dbcfg := sharedPG(t)
 			const leaseTTL = 10 * time.Second // far longer than the failover: a lease taken again was lost, not expired

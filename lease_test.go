@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -420,10 +419,24 @@ func newCopyGate() *copyGate {
 	return &copyGate{held: make(chan struct{}, 16), release: make(chan struct{})}
 }
 
+// setOptions reports whether cmd is a SET and whether it asks NX and GET:
+// the lock's obtain is SET ... NX GET, an answer's copy a SET without NX.
+func setOptions(cmd redis.Cmder) (set, nx, get bool) {
+	args := cmd.Args()
+	if name, _ := args[0].(string); !strings.EqualFold(name, "set") || len(args) < 3 {
+		return false, false, false
+	}
+	for _, a := range args[3:] {
+		opt, _ := a.(string)
+		nx = nx || strings.EqualFold(opt, "nx")
+		get = get || strings.EqualFold(opt, "get")
+	}
+	return true, nx, get
+}
+
 func (g *copyGate) hold(cmds []redis.Cmder) {
 	for _, cmd := range cmds {
-		args := cmd.Args()
-		if cmd.Name() != "set" || slices.ContainsFunc(args, func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, "nx") }) {
+		if set, nx, _ := setOptions(cmd); !set || nx {
 			continue
 		}
 		g.held <- struct{}{}

@@ -70,11 +70,11 @@ func newRig(tb testing.TB, strategy string) *rig {
 	cfg := &idem.Config{Logger: discard}
 	if strategy == target.Hybrid {
 		rdb := testredis.Client(tb)
+		rdb.AddHook(r.redis)
 		l, err := lock.New(rdb, &lock.Config{Prefix: testredis.Prefix(tb, rdb)})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		rdb.AddHook(r.redis)
 		r.locker, cfg.Lock = l, l
 	}
 	g, err := idem.New(r.store, cfg)

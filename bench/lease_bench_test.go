@@ -1,20 +1,20 @@
 package main_test
 
 import (
-	"context"
 	"crypto/sha256"
 	"flag"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemguard/idem/bench/internal/fleet"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/lock"
 )
@@ -88,37 +88,26 @@ func BenchmarkLeaseCost(b *testing.B) {
 			})
 			copies.Wait()
 			b.StopTimer()
-			b.ReportMetric(float64(processCPU(b)-client0)/1e3/float64(b.N), "client-cpu-µs/op")
-			b.ReportMetric(float64(redisCPU(b, c)-redis0)/1e3/float64(b.N), "redis-cpu-µs/op")
+			b.ReportMetric((processCPU(b)-client0)*1e6/float64(b.N), "client-cpu-µs/op")
+			b.ReportMetric((redisCPU(b, c)-redis0)*1e6/float64(b.N), "redis-cpu-µs/op")
 		})
 	}
 }
 
-// processCPU is the CPU time this process has used, user and system.
-func processCPU(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// redisCPU is the CPU time the Redis server has used (INFO cpu).
-func redisCPU(tb testing.TB, c redis.UniversalClient) time.Duration {
-	info, err := c.Info(context.Background(), "cpu").Result()
+// processCPU and redisCPU are the CPU seconds this process and the Redis
+// server behind c have used so far.
+func processCPU(tb testing.TB) float64 {
+	secs, err := fleet.ProcessCPU(os.Getpid())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var secs float64
-	for _, line := range strings.Split(info, "\r\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				tb.Fatalf("INFO cpu: %q: %v", line, err)
-			}
-			secs += f
-		}
+	return secs
+}
+
+func redisCPU(tb testing.TB, c redis.UniversalClient) float64 {
+	secs, err := fleet.RedisCPU(tb.Context(), c)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return time.Duration(secs * float64(time.Second))
+	return secs
 }

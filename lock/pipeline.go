@@ -131,8 +131,8 @@ func (p *pipeline) take() []*call {
 func (p *pipeline) drain(batch []*call) {
 	for ; batch != nil; batch = p.take() {
 		live := batch[:0:0]
+		now := time.Now()
 		for _, c := range batch {
-			now := time.Now()
 			switch {
 			case c.answered != nil && c.expires.Sub(now) < time.Millisecond:
 				c.answered(nil)

@@ -90,8 +90,8 @@ func (r Reading) At() time.Time { return r.at }
 // workers of f, every postgres process, Redis and the machine.
 func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
 	r := Reading{at: time.Now(), workers: map[int]float64{}, postgres: map[int]float64{}, programs: map[int]float64{}}
-	if info, err := m.redis.Info(ctx, "cpu").Result(); err == nil {
-		r.redis, r.redisRead = redisCPU(info), true
+	if secs, err := RedisCPU(ctx, m.redis); err == nil {
+		r.redis, r.redisRead = secs, true
 	}
 	if runtime.GOOS != "linux" {
 		return r
@@ -229,6 +229,16 @@ func machineCPU() (busy, total, irq float64, err error) {
 		}
 	}
 	return busy, total, irq, nil
+}
+
+// RedisCPU returns the CPU seconds, user and system, that the Redis server
+// behind c has used (INFO cpu).
+func RedisCPU(ctx context.Context, c redis.UniversalClient) (float64, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	return redisCPU(info), nil
 }
 
 // redisCPU returns used_cpu_user + used_cpu_sys from an INFO cpu reply.

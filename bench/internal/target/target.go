@@ -342,11 +342,11 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lea
 // doHybrid is the guard's hybrid protocol since the lease carries the key's
 // state: one round trip (the lock's obtain: SET NX GET and PTTL) takes the
 // lease with the state "claiming" and this request's fingerprint, or returns
-// the state held,
-// which answers 409, 422 or a replay without PostgreSQL; the holder claims
-// the durable row like the table strategy and, once its answer is written,
-// puts a copy of it in the lease (lock.Locker.Set). A state that cannot tell
-// (claiming under another fingerprint, the done marker) reads the row.
+// the state held, which answers 409, 422 or a replay without PostgreSQL; the
+// holder claims the durable row like the table strategy and, once its answer
+// is written, puts a copy of it in the lease (lock.Locker.Set). A state that
+// cannot tell (claiming under another fingerprint, the done marker) reads the
+// row.
 func (c *ceiling) doHybrid(ctx context.Context, req idem.Request) (string, error) {
 	lease, held, err := c.locker.Obtain(ctx, req.Scope, req.Key, leaseState(leaseClaiming, req.Fingerprint))
 	switch {
