@@ -40,10 +40,14 @@ const (
 	Minimal = "minimal" // target.MinimalHandler, this build
 	Guard   = "guard"   // the guard's middleware, this build
 	Before  = "before"  // the guard's middleware, the -baseline build
-	// GuardSync is this build's guard with durable.Config.SynchronousAnswers:
-	// both of a first execution's commits wait for their flush.
-	GuardSync = "guard-sync"
+	// GuardAsync is this build's guard with durable.Config.AsynchronousAnswers:
+	// the answer write returns before its flush.
+	GuardAsync = "guard-async"
 )
+
+// maxPool caps a worker's pgx pool: a service's pool, not one connection per
+// caller; past it callers wait for a connection.
+const maxPool = 32
 
 // Scenarios.
 const (
@@ -86,6 +90,7 @@ type config struct {
 	run              time.Duration
 	replayKeys       int
 	baseline         string
+	batches          []string // TEMPORARY: IDEM_EXP_BATCH values, each a guard@N implementation
 	progress         io.Writer
 }
 
@@ -115,6 +120,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		runFor     = fs.Duration("run", 2*time.Second, "how long each implementation runs per round")
 		replayKeys = fs.Int("replay-keys", 500, "keys answered before each replay run, which its requests repeat")
 		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
+		batches    = fs.String("experiment-batch", "", "TEMPORARY: comma-separated IDEM_EXP_BATCH values, each run as guard@N")
 		outDir     = fs.String("out", "bench-report-http", "report directory (created; its files replaced)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -124,7 +130,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, progress: stdout}
+		replayKeys: *replayKeys, baseline: *baseline, batches: cli.Split(*batches), progress: stdout}
 	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -182,14 +188,18 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			}
 			for _, impl := range impls {
 				fc := fleet.Config{Binary: self, DatabaseURL: cfg.dbURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
-					Prefix: env.Prefix, Strategy: strategy, PoolSize: conc, RedisPoolSize: conc, MaxInFlight: conc}
+					Prefix: env.Prefix, Strategy: strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
 				switch impl {
 				case Minimal:
 					fc.Impl = target.Minimal
-				case GuardSync:
-					fc.SyncAnswers = true
+				case GuardAsync:
+					fc.AsyncAnswers = true
 				case Before:
 					fc.Binary = cfg.baseline
+				default:
+					if n, ok := strings.CutPrefix(impl, Guard+"@"); ok {
+						fc.Env = []string{"IDEM_EXP_BATCH=" + n}
+					}
 				}
 				f, err := fleet.Start(ctx, fc, 1)
 				if err != nil {
@@ -251,12 +261,16 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 }
 
 // implementations are what a run compares: the minimal SQL, this build's
-// guard with the asynchronous and the synchronous answer write, and the
-// baseline's guard when there is one.
+// guard with the synchronous (default) and the asynchronous answer write,
+// the baseline's guard when there is one, and this build's guard at each
+// experimental batch setting.
 func implementations(cfg config) []string {
-	impls := []string{Minimal, Guard, GuardSync}
+	impls := []string{Minimal, Guard, GuardAsync}
 	if cfg.baseline != "" {
 		impls = append(impls, Before)
+	}
+	for _, n := range cfg.batches {
+		impls = append(impls, Guard+"@"+n)
 	}
 	return impls
 }
@@ -422,14 +436,17 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		fmt.Fprintf(w, "**Interrupted**: only the runs that ended are reported.\n\n")
 	}
 	fmt.Fprintf(w, "Command: `%s`  \nStarted %s, took %s. One worker process per implementation on loopback, "+
-		"its pgx and Redis pools as large as the callers; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
+		"its Redis pool as large as the callers and its pgx pool too, up to %d; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
 		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
-		cfg.rounds, cfg.run, cfg.replayKeys)
+		maxPool, cfg.rounds, cfg.run, cfg.replayKeys)
 	impls := implementations(cfg)
-	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardSync}}
+	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
+	}
+	for _, n := range cfg.batches {
+		pairs = append(pairs, [2]string{Guard + "@" + n, Minimal})
 	}
 	fmt.Fprintf(w, "| strategy | scenario | callers |")
 	for _, impl := range impls {
@@ -461,7 +478,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s |", impl)
 	}
-	flushPairs := [][2]string{{Guard, GuardSync}}
+	flushPairs := [][2]string{{Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		flushPairs = append(flushPairs, [2]string{Guard, Before})
 	}
