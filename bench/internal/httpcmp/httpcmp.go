@@ -70,7 +70,7 @@ type Run struct {
 	// the PostgreSQL processes serving the fleet used during the run
 	// (fleet.Meter; 0 where /proc cannot be read).
 	WorkerCPU, PostgresCPU float64
-	FirstErr                 string
+	FirstErr               string
 }
 
 // OpsPerSec is answers without error per second.
