@@ -87,11 +87,12 @@ func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
 	for _, parts := range []int{0, 4} {
 		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) {
 			ctx := t.Context()
-			s, _ := planStoreOf(t, &Config{Partitions: parts})
+			s, pool := planStoreOf(t, &Config{Partitions: parts})
 			require.NotNil(t, s.claims, "a Store over a pool batches its claims")
 
 			answered, running, released := claimParams("u1", "answered", "a"), claimParams("u1", "running", "r"), claimParams("u2", "released", "x")
-			for _, p := range []idem.ClaimParams{answered, running, released} {
+			expired := claimParams("u3", "expired", "old")
+			for _, p := range []idem.ClaimParams{answered, running, released, expired} {
 				_, won, err := s.Claim(ctx, p)
 				require.NoError(t, err)
 				require.True(t, won)
@@ -99,6 +100,10 @@ func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
 			answer := idem.Response{Status: 402, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte("declined")}
 			require.NoError(t, s.Complete(ctx, "u1", "answered", answered.Owner, answer))
 			require.NoError(t, s.Release(ctx, "u2", "released", released.Owner))
+			require.NoError(t, s.Complete(ctx, "u3", "expired", expired.Owner, answer))
+			_, err := pool.Exec(ctx, `UPDATE `+s.table+` SET completed_at = now() - $1::bigint * interval '1 microsecond' - interval '1 hour'
+				WHERE key = 'expired'`, s.retention)
+			require.NoError(t, err)
 
 			send, statements := held(t, s.claims)
 			ps := []idem.ClaimParams{
@@ -107,6 +112,7 @@ func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
 				claimParams("u1", "running", "r"),
 				claimParams("u2", "released", "x"),
 				claimParams("u4", "twice", "t"), claimParams("u4", "twice", "t"),
+				claimParams("u3", "expired", "new"),
 			}
 			wait, _ := claimAll(ctx, s, ps)
 			send(len(ps))
@@ -137,6 +143,11 @@ func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
 			}
 			require.Equal(t, winner, got[6].rec.Owner)
 			require.Equal(t, winner, got[7].rec.Owner)
+			require.NoError(t, got[8].err)
+			require.True(t, got[8].claimed, "the expired key is taken over as a new intent")
+			require.Equal(t, 1, got[8].rec.Attempt)
+			require.Equal(t, ps[8].Fingerprint, got[8].rec.Fingerprint)
+			require.Nil(t, got[8].rec.Answer)
 		})
 	}
 }
