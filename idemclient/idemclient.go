@@ -267,7 +267,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				resp.Request = r
 				return resp, nil
 			}
-		} else if cerr := ctx.Err(); cerr != nil {
+		} else if cerr := retry.Ended(ctx); cerr != nil {
 			if !errors.Is(err, cerr) {
 				err = fmt.Errorf("%w: %w", cerr, err)
 			}

@@ -147,3 +147,17 @@ func (c *Call) backoff() time.Duration {
 	}
 	return rand.N(ceiling + 1)
 }
+
+// Ended returns ctx's error, or context.DeadlineExceeded when ctx's deadline
+// has passed but its timer has not fired yet: a transport that enforces the
+// deadline itself (gRPC does) can fail an attempt a moment before ctx says
+// so.
+func Ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}

@@ -126,3 +126,13 @@ func TestWaitEndsWithTheContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 1, c.Attempts())
 }
+
+func TestEnded(t *testing.T) {
+	require.NoError(t, Ended(t.Context()))
+	past, cancel := context.WithDeadline(context.WithoutCancel(t.Context()), time.Now().Add(-time.Second))
+	defer cancel()
+	require.ErrorIs(t, Ended(past), context.DeadlineExceeded)
+	canceled, cancel2 := context.WithCancel(t.Context())
+	cancel2()
+	require.ErrorIs(t, Ended(canceled), context.Canceled)
+}
