@@ -205,8 +205,12 @@ type clientError struct {
 }
 
 func gaveUp(attempts int, cause, last error) error {
-	code := status.FromContextError(cause).Code()
-	return &clientError{code: code, err: fmt.Errorf("grpcidem: no final answer after %d attempts: %w; the last: %w", attempts, cause, last)}
+	plural := "s"
+	if attempts == 1 {
+		plural = ""
+	}
+	return &clientError{code: status.FromContextError(cause).Code(),
+		err: fmt.Errorf("grpcidem: no final answer after %d attempt%s: %w; the last: %w", attempts, plural, cause, last)}
 }
 
 func (e *clientError) Error() string { return e.err.Error() }

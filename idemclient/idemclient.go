@@ -125,7 +125,11 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("idemclient: no final answer after %d attempts: %v", e.Attempts, e.Err)
+	plural := "s"
+	if e.Attempts == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("idemclient: no final answer after %d attempt%s: %v", e.Attempts, plural, e.Err)
 }
 
 // Unwrap returns Err.
@@ -204,6 +208,15 @@ func New(base http.RoundTripper, cfg *Config) *Transport {
 		base = http.DefaultTransport
 	}
 	return &Transport{base: base, policy: c.Retry.policy("Config.Retry"), maxBody: c.MaxBody, clock: retry.RealClock}
+}
+
+// CloseIdleConnections closes the idle connections of the base
+// RoundTripper when it has such a method, as http.Client.CloseIdleConnections
+// expects of its Transport.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // stateKey carries a request's *state in the context of each attempt, where

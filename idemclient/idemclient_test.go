@@ -542,3 +542,16 @@ func TestNewPanicsOnNegativeConfig(t *testing.T) {
 		idemclient.New(nil, &idemclient.Config{Retry: idemclient.Retry{MaxAttempts: -1}})
 	})
 }
+
+type idleCounter struct {
+	http.RoundTripper
+	closed atomic.Int32
+}
+
+func (c *idleCounter) CloseIdleConnections() { c.closed.Add(1) }
+
+func TestCloseIdleConnectionsReachesTheBase(t *testing.T) {
+	base := &idleCounter{RoundTripper: http.DefaultTransport}
+	(&http.Client{Transport: idemclient.New(base, nil)}).CloseIdleConnections()
+	require.EqualValues(t, 1, base.closed.Load())
+}
