@@ -13,6 +13,7 @@ import (
 )
 
 // Policy bounds the retries of one request. A zero field takes its default.
+// idemclient.Retry converts to it, so the two keep the same fields.
 type Policy struct {
 	MaxAttempts int           // attempts in all, the first included
 	MaxElapsed  time.Duration // from the first attempt to the start of the last
