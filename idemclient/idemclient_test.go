@@ -555,3 +555,112 @@ func TestCloseIdleConnectionsReachesTheBase(t *testing.T) {
 	(&http.Client{Transport: idemclient.New(base, nil)}).CloseIdleConnections()
 	require.EqualValues(t, 1, base.closed.Load())
 }
+
+// answer is one scripted answer of a fake server.
+type answer struct {
+	status int
+	header map[string]string
+	body   string
+}
+
+// TestWhatIsRetried walks the retry table against a scripted server: each
+// case's answers are given in turn, and the client must stop at the first
+// final one.
+func TestWhatIsRetried(t *testing.T) {
+	problem := func(slug string) string { return `{"type":"` + idem.DefaultProblemBase + slug + `"}` }
+	pj := map[string]string{"Content-Type": "application/problem+json"}
+	inProgress := answer{409, map[string]string{"Content-Type": "application/problem+json; charset=utf-8", "Retry-After": "1"}, problem(idem.ProblemInProgress)}
+	pending := answer{409, map[string]string{"Content-Type": "application/problem+json", "Retry-After": "2"}, problem(idem.ProblemPending)}
+	created := answer{201, nil, "{}"}
+	for name, tc := range map[string]struct {
+		method   string
+		answers  []answer
+		attempts int
+		keyed    bool
+		sleeps   []time.Duration
+	}{
+		"201":                  {"POST", []answer{created}, 1, true, nil},
+		"409 in progress, 201": {"POST", []answer{inProgress, created}, 2, true, []time.Duration{time.Second}},
+		"409 pending, 201":     {"POST", []answer{pending, created}, 2, true, []time.Duration{2 * time.Second}},
+		"409 of the handler":   {"POST", []answer{{409, pj, problem("out-of-stock")}}, 1, true, nil},
+		"409 not a problem":    {"POST", []answer{{409, nil, problem(idem.ProblemInProgress)}}, 1, true, nil},
+		"429 at a date, 201": {"POST", []answer{{429, map[string]string{
+			"Retry-After": "in 10s"}, ""}, created}, 2, true, nil},
+		"500, 502, 201":              {"PATCH", []answer{{500, nil, ""}, {502, nil, ""}, created}, 3, true, nil},
+		"422":                        {"POST", []answer{{422, pj, problem(idem.ProblemKeyReused)}}, 1, true, nil},
+		"400 key invalid":            {"POST", []answer{{400, pj, problem(idem.ProblemKeyInvalid)}}, 1, true, nil},
+		"404":                        {"POST", []answer{{404, nil, ""}}, 1, true, nil},
+		"a replayed 409 is final":    {"POST", []answer{{409, map[string]string{idem.HeaderReplayed: "true", "Content-Type": "application/problem+json"}, problem(idem.ProblemInProgress)}}, 1, true, nil},
+		"PUT without a key: once":    {"PUT", []answer{{503, nil, ""}}, 1, false, nil},
+		"five 503s: the last answer": {"POST", []answer{{503, nil, ""}, {503, nil, ""}, {503, nil, ""}, {503, nil, ""}, {503, nil, ""}, created}, 5, true, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var n atomic.Int32
+			var keys sync.Map
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				keys.Store(r.Header.Get(idem.HeaderKey), true)
+				a := tc.answers[n.Add(1)-1]
+				for k, v := range a.header {
+					if v == "in 10s" { // an HTTP date, made when it is sent
+						v = time.Now().Add(10 * time.Second).UTC().Format(http.TimeFormat)
+					}
+					w.Header().Set(k, v)
+				}
+				w.WriteHeader(a.status)
+				_, _ = io.WriteString(w, a.body)
+			}))
+			t.Cleanup(srv.Close)
+			client, clk := newClient(t, nil)
+			req, err := http.NewRequestWithContext(t.Context(), tc.method, srv.URL, strings.NewReader("{}"))
+			require.NoError(t, err)
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			body := readAll(t, resp)
+			last := tc.answers[tc.attempts-1]
+			require.Equal(t, last.status, resp.StatusCode)
+			require.Equal(t, last.body, body, "the caller reads the answer in full")
+			require.EqualValues(t, tc.attempts, n.Load())
+			res := idemclient.ResultOf(resp)
+			if !tc.keyed {
+				require.Equal(t, idemclient.Result{}, res)
+				return
+			}
+			require.Equal(t, tc.attempts, res.Attempts)
+			count := 0
+			keys.Range(func(k, _ any) bool {
+				count++
+				require.Equal(t, res.Key, k)
+				return true
+			})
+			require.Equal(t, 1, count, "one key for every attempt")
+			slept := clk.slept()
+			require.Len(t, slept, tc.attempts-1)
+			if tc.sleeps != nil {
+				require.Equal(t, tc.sleeps, slept)
+			}
+			if strings.HasPrefix(name, "429 at a date") {
+				require.GreaterOrEqual(t, slept[0], 9*time.Second, "the date, to the second")
+				require.Less(t, slept[0], 11*time.Second)
+			}
+		})
+	}
+}
+
+// A Retry-After past MaxElapsed ends the retries at once, with that answer.
+func TestRetryAfterPastMaxElapsedEndsTheRetries(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Retry-After", "3600")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(srv.Close)
+	client, clk := newClient(t, nil)
+	resp, err := client.Post(srv.URL, "application/json", strings.NewReader("{}"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	require.Equal(t, 1, idemclient.ResultOf(resp).Attempts)
+	require.EqualValues(t, 1, n.Load())
+	require.Empty(t, clk.slept())
+}
