@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -367,4 +369,83 @@ func TestClientInterceptorPanicsOnMisuse(t *testing.T) {
 	require.PanicsWithValue(t, "grpcidem: ClientConfig.Retry.MaxDelay -1ns must not be negative", func() {
 		grpcidem.UnaryClientInterceptor(&grpcidem.ClientConfig{Retry: idemclient.Retry{MaxDelay: -1}})
 	})
+}
+
+// withInfo is a status with the server interceptor's ErrorInfo and, when
+// delay is positive, a RetryInfo.
+func withInfo(t *testing.T, code codes.Code, reason, domain string, delay time.Duration) error {
+	t.Helper()
+	st := status.New(code, "refused")
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: domain}}
+	if delay > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+	}
+	st, err := st.WithDetails(details...)
+	require.NoError(t, err)
+	return st.Err()
+}
+
+// TestClientWhatIsRetried walks the interceptor's table with a scripted
+// invoker: each case's errors are returned in turn, and the interceptor
+// must stop at the first final one.
+func TestClientWhatIsRetried(t *testing.T) {
+	d := grpcidem.ErrorDomain
+	for name, tc := range map[string]struct {
+		errs     func(t *testing.T) []error
+		attempts int
+		sleeps   []time.Duration
+	}{
+		"OK": {func(*testing.T) []error { return []error{nil} }, 1, nil},
+		"in progress, OK": {func(t *testing.T) []error {
+			return []error{withInfo(t, codes.Aborted, grpcidem.ReasonInProgress, d, time.Second), nil}
+		}, 2, []time.Duration{time.Second}},
+		"pending, OK": {func(t *testing.T) []error {
+			return []error{withInfo(t, codes.Aborted, grpcidem.ReasonPending, d, 3*time.Second), nil}
+		}, 2, []time.Duration{3 * time.Second}},
+		"unavailable without details, OK": {func(*testing.T) []error {
+			return []error{status.Error(codes.Unavailable, "connection closed"), nil}
+		}, 2, nil},
+		"a handler's Aborted": {func(*testing.T) []error { return []error{status.Error(codes.Aborted, "tx conflict")} }, 1, nil},
+		"in progress of another domain": {func(t *testing.T) []error {
+			return []error{withInfo(t, codes.Aborted, grpcidem.ReasonInProgress, "example.com", time.Second)}
+		}, 1, nil},
+		"key reused": {func(t *testing.T) []error {
+			return []error{withInfo(t, codes.FailedPrecondition, grpcidem.ReasonKeyReused, d, 0)}
+		}, 1, nil},
+		"key invalid": {func(t *testing.T) []error {
+			return []error{withInfo(t, codes.InvalidArgument, grpcidem.ReasonKeyInvalid, d, 0)}
+		}, 1, nil},
+		"internal": {func(*testing.T) []error { return []error{status.Error(codes.Internal, "boom")} }, 1, nil},
+		"five unavailable: the last": {func(*testing.T) []error {
+			u := status.Error(codes.Unavailable, "down")
+			return []error{u, u, u, u, u, nil}
+		}, 5, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			errs := tc.errs(t)
+			var keys []string
+			invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				md, _ := metadata.FromOutgoingContext(ctx)
+				keys = append(keys, md.Get(grpcidem.DefaultMetadataKey)...)
+				return errs[len(keys)-1]
+			}
+			var sleeps []time.Duration
+			ic := grpcidem.UnaryClientInterceptorWithClock(nil, time.Now, func(_ context.Context, d time.Duration) error {
+				sleeps = append(sleeps, d)
+				return nil
+			})
+			var res idemclient.Result
+			err := ic(t.Context(), methodCharge, order(t, 1), new(structpb.Struct), nil, invoker, grpcidem.WithResult(&res))
+			require.Equal(t, errs[tc.attempts-1], err, "the last attempt's result")
+			require.Len(t, keys, tc.attempts)
+			for _, k := range keys {
+				require.Equal(t, res.Key, k, "one key, set once")
+			}
+			require.Equal(t, tc.attempts, res.Attempts)
+			require.Len(t, sleeps, tc.attempts-1)
+			if tc.sleeps != nil {
+				require.Equal(t, tc.sleeps, sleeps)
+			}
+		})
+	}
 }
