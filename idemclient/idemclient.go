@@ -32,7 +32,14 @@
 // or, after a transport error, an *Error), and the request's context (an
 // *Error wrapping its error). A retry that would start after the context's
 // deadline is not waited for: RoundTrip returns at once with an *Error
-// wrapping context.DeadlineExceeded.
+// wrapping context.DeadlineExceeded. A 409 is recognised by its problem
+// type (application/problem+json whose type ends in the slug), whatever the
+// server's problem base.
+//
+// WARNING: a key the Transport draws lives as long as one RoundTrip. After an
+// *Error the request may have run: send it again with Error.Key, never as a
+// new request without a key, which would be a second order. Better, draw the
+// key when the intent is born and keep it with the intent.
 package idemclient
 
 import (
