@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -311,5 +312,42 @@ func TestBatchedClaimsAndAnswersUnderLoad(t *testing.T) {
 			require.Equal(t, callers*each, answered)
 			require.Equal(t, answered, right, "each row holds its own answer")
 		})
+	}
+}
+
+// A statement of many whose reply is lost after its commit (here: the real
+// statement, then a connection error) leaves each of its claims ambiguous,
+// as one alone would be: every caller gets the error, never another
+// request's result, and each can give its claim back with its own owner
+// token, after which the next claim of the same request runs as the next
+// attempt.
+func TestBatchedClaimsLostReplyIsEachCallersAmbiguity(t *testing.T) {
+	ctx := t.Context()
+	s, _ := planStoreOf(t, &Config{})
+	lost := errors.New("connection reset after the commit")
+	many := s.claims.many
+	s.claims.many = func(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
+		if _, err := many(ctx, reqs); err != nil {
+			return nil, err
+		}
+		return nil, lost
+	}
+	send, _ := held(t, s.claims)
+	ps := []idem.ClaimParams{claimParams("u1", "a", "a"), claimParams("u2", "b", "b"), claimParams("u3", "c", "c")}
+	wait, _ := claimAll(ctx, s, ps)
+	send(len(ps))
+	for i, got := range wait() {
+		require.ErrorIs(t, got.err, lost, "%s: the lost reply is the caller's error", ps[i].Key)
+		require.False(t, got.claimed)
+	}
+	s.claims.many = many
+	for _, p := range ps {
+		require.NoError(t, s.Release(ctx, p.Scope, p.Key, p.Owner), "%s: given back by its own owner", p.Key)
+		retry := p
+		retry.Owner = claimParams("", "", "").Owner
+		rec, won, err := s.Claim(ctx, retry)
+		require.NoError(t, err)
+		require.True(t, won, "%s: the retry runs", p.Key)
+		require.Equal(t, 2, rec.Attempt)
 	}
 }
