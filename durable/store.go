@@ -85,10 +85,10 @@ func New(db DB, cfg *Config) (*Store, error) {
 	}
 	if n := experimentInFlight(); n > 0 {
 		s.claims = &batcher[claimReq, claimRes]{inFlight: n, maxBatch: batchMax,
-			key: func(r *claimReq) string { return r.p.Scope + "\x00" + r.p.Key },
+			key: func(r *claimReq) string { return rowKey(r.p.Scope, r.p.Key) },
 			one: s.claimOne, many: s.claimMany}
 		s.answers = &batcher[answerReq, bool]{inFlight: n, maxBatch: batchMax,
-			key: func(r *answerReq) string { return r.scope + "\x00" + r.key },
+			key: func(r *answerReq) string { return rowKey(r.scope, r.key) },
 			one: s.completeOne, many: s.completeMany}
 	}
 	return s, nil
@@ -176,11 +176,12 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // transaction (one that completed the key's answer and has not committed):
 // it returns the row as it was, in progress.
 //
-// Over a *pgxpool.Pool, concurrent Claims share statements: while a few
-// claim statements are in flight, the Claims that arrive wait and then go
-// together as one statement and one commit, each with its own key's result
-// (group commit). A Claim that finds a statement free goes at once, alone. A
-// Claim whose context ends while it waits is never sent.
+// Unless bound to a caller's transaction ([Store.WithDB]), concurrent Claims
+// share statements: while a few claim statements are in flight, the Claims
+// that arrive wait and then go together as one statement and one commit,
+// each with its own key's result (group commit). A Claim that finds a
+// statement free goes at once, alone. A Claim whose context ends while it
+// waits is never sent.
 //
 // Claim is one statement, so one round trip, with two exceptions. When the
 // key's row is takeable, a second statement takes it over. When Claim races
@@ -242,6 +243,10 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 	return idem.Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
 }
 
+// rowKey names the row of (scope, key) in a map: neither holds a NUL byte
+// (checkText).
+func rowKey(scope, key string) string { return scope + "\x00" + key }
+
 // claimReq is a claim's first statement to run; claimRes its result.
 type claimReq struct {
 	p    idem.ClaimParams // checked, with its Intent set
@@ -278,7 +283,7 @@ func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, er
 		scopes[i], keys[i] = r.p.Scope, r.p.Key
 		hashes[i], owners[i], intents[i] = r.p.Fingerprint[:], r.p.Owner[:], r.p.Intent[:]
 		holds[i] = r.hold
-		at[r.p.Scope+"\x00"+r.p.Key] = i
+		at[rowKey(r.p.Scope, r.p.Key)] = i
 	}
 	rows, err := s.admit.Query(ctx, s.sql.claimMany, scopes, keys, hashes, owners, s.retention, intents, holds)
 	if err != nil {
@@ -292,7 +297,7 @@ func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, er
 		if r.rec, err = s.scanRecord(rows, &r.claimed, &r.takeable); err != nil {
 			return nil, err
 		}
-		i, ok := at[r.rec.Scope+"\x00"+r.rec.Key]
+		i, ok := at[rowKey(r.rec.Scope, r.rec.Key)]
 		if !ok {
 			return nil, fmt.Errorf("claimed the row of a key it was not asked for")
 		}
@@ -333,9 +338,9 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 // not) or idem.ErrCompleted (the owner's row already has another answer).
 //
 // Complete returns once the answer is on disk (its commit waited for the WAL
-// flush), unless Config.AsynchronousAnswers says otherwise. Over a
-// *pgxpool.Pool, concurrent Completes share statements and commits, as
-// concurrent Claims do.
+// flush), unless Config.AsynchronousAnswers says otherwise. Unless bound to
+// a caller's transaction, concurrent Completes share statements and commits,
+// as concurrent Claims do.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose
@@ -411,7 +416,7 @@ func (s *Store) completeMany(ctx context.Context, reqs []*answerReq) ([]bool, er
 	for i, r := range reqs {
 		scopes[i], keys[i], owners[i] = r.scope, r.key, r.owner[:]
 		statuses[i], headers[i], bodies[i] = r.status, string(r.headers), r.body
-		at[r.scope+"\x00"+r.key] = i
+		at[rowKey(r.scope, r.key)] = i
 	}
 	args := []any{scopes, keys, owners, statuses, headers, bodies, s.retention}
 	write := s.sql.completeMany
@@ -440,7 +445,7 @@ func (s *Store) completeMany(ctx context.Context, reqs []*answerReq) ([]bool, er
 		if err := rows.Scan(&scope, &key); err != nil {
 			return nil, err
 		}
-		if i, ok := at[scope+"\x00"+key]; ok {
+		if i, ok := at[rowKey(scope, key)]; ok {
 			written[i] = true
 		}
 	}
