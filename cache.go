@@ -53,7 +53,8 @@ func (c *answerCache) get(req Request) (cacheEntry, bool) {
 }
 
 // put caches a finished answer until the earlier of now+ttl and expiresBy
-// (when the key expires in the store, less a safety margin for clock skew).
+// (when the key expires in the store, counted on the monotonic clock from
+// the row's TTL).
 func (c *answerCache) put(req Request, resp Response, expiresBy time.Time) {
 	now := c.now()
 	expires := now.Add(c.ttl)

@@ -41,7 +41,7 @@ type Decision struct {
 //
 //	outcome                  err                                   Slug                       Status  RetryAfter
 //	Executed, Replayed,      any                                   ""                         0       0
-//	  ExecutedPending,
+//	  ExecutedUnstored,
 //	  ExecutedReleased
 //	InProgress               ErrInProgress                         ProblemInProgress          409     hints.InProgress
 //	InProgress               ErrPending                            ProblemPending             409     hints.Pending

@@ -257,7 +257,7 @@ func (x *execution) release(ctx context.Context) {
 	cancel()
 	if err != nil {
 		x.g.tel.add(ctx, evStoreError)
-		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until released or expired",
+		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: releasing the claim failed; the key stays in progress until settled or released",
 			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 		return
 	}

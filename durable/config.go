@@ -57,8 +57,9 @@ type Config struct {
 	// Defaults to "idempotency_keys".
 	Table string
 
-	// Retention is how long a key lives, measured on the database clock
-	// from the row's created_at. An expired row is invisible to every call
+	// Retention is how long a key lives after its answer or its release,
+	// measured on the database clock from completed_at or released_at; a
+	// row in progress never expires. An expired row is invisible to every call
 	// and is taken over by the next Claim of its key, even before
 	// a [Sweeper] deletes it. It is passed to SQL in whole microseconds.
 	//

@@ -131,7 +131,8 @@ func (s *Store) Join(tx any) (idem.Store, error) {
 	return s.WithDB(db), nil
 }
 
-// Retention returns how long a key lives, from its created_at.
+// Retention returns how long a key lives after its answer or its release; a
+// key in progress never expires.
 func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
 // Table returns the quoted, schema-qualified name of the table as used in the

@@ -87,11 +87,11 @@
 //	ResourceExhausted (rate limited)                429      released     runs again
 //	Unimplemented (nothing ran)                     -        released     runs again
 //	Internal, Unknown, Unavailable, Aborted,        -        in progress  Aborted until settled,
-//	  DeadlineExceeded, Canceled, DataLoss,                                released or expired
+//	  DeadlineExceeded, Canceled, DataLoss,                                or released
 //	  any error that is not a status
 //	anything, after idem.MarkRetrySafe(ctx)         -        released     runs again
 //	a message not storable: over                    -        in progress  Aborted until settled,
-//	  WithMaxResponseSize, or not a proto.Message                          released or expired
+//	  WithMaxResponseSize, or not a proto.Message                          or released
 //	a panic                                         -        in progress  (released after MarkRetrySafe)
 //
 // Only the final answers are stored. Unavailable, Aborted and

@@ -116,7 +116,13 @@ func ExampleNew_production() {
 		log.Fatal(err)
 	}
 	// Redis for the hybrid strategy; pass nil instead for PostgreSQL alone.
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), ContextTimeoutEnabled: true, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{ // as docs/configuration.md explains
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		DialTimeout:           250 * time.Millisecond,
+	})
 	defer rdb.Close()
 	svc, err := pgidem.New(pool, rdb, resolve, nil) // a nil Config: every default
 	if err != nil {
