@@ -42,9 +42,45 @@ type batcher[Req, Res any] struct {
 	// returns a result per request, in order, or the statement's error.
 	many func(ctx context.Context, reqs []*Req) ([]Res, error)
 
+	// adapt, when set, moves inFlight with the statements' latency (see
+	// gradient).
+	adapt *gradient
+
 	mu      sync.Mutex
 	running int // statements in flight
 	queue   []*call[Req, Res]
+}
+
+// gradient sets how many statements may be in flight from their latency: as
+// long as a statement takes less than twice the least latency seen lately
+// (the server is not queueing work, a commit waits at most for the flush
+// before its own), every request may go alone, up to max in flight; past
+// that, the limit shrinks in proportion, so that requests wait and share
+// statements, which saves the server's CPU per request.
+type gradient struct {
+	limit    float64
+	max      float64
+	min      [2]time.Duration // least latency of this window and the last
+	windowAt time.Time
+}
+
+func (g *gradient) observe(now time.Time, rtt time.Duration) int {
+	if now.Sub(g.windowAt) > 5*time.Second {
+		g.min[1], g.min[0], g.windowAt = g.min[0], 0, now
+	}
+	if g.min[0] == 0 || rtt < g.min[0] {
+		g.min[0] = rtt
+	}
+	least := g.min[0]
+	if g.min[1] != 0 && g.min[1] < least {
+		least = g.min[1]
+	}
+	target := g.limit + 1
+	if rtt > 2*least {
+		target = g.limit * float64(2*least) / float64(rtt)
+	}
+	g.limit = min(max(0.9*g.limit+0.1*target, 1), g.max)
+	return int(g.limit)
 }
 
 // call is one request waiting for a statement.
@@ -71,8 +107,9 @@ func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	if b.running < b.inFlight {
 		b.running++
 		b.mu.Unlock()
+		start := time.Now()
 		res, err := b.one(ctx, &r)
-		b.finished()
+		b.finished(start)
 		return res, err
 	}
 	c := &call[Req, Res]{ctx: ctx, req: r, done: make(chan struct{})}
@@ -107,11 +144,16 @@ func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	return c.res, c.err
 }
 
-// finished counts a statement out and sends the queue, if any, in its place.
-func (b *batcher[Req, Res]) finished() {
+// finished counts a statement sent at start out and sends the queue, if any,
+// in its place.
+func (b *batcher[Req, Res]) finished(start time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running--
+	if b.adapt != nil {
+		now := time.Now()
+		b.inFlight = b.adapt.observe(now, now.Sub(start))
+	}
 	b.startLocked()
 }
 
@@ -140,7 +182,7 @@ func (b *batcher[Req, Res]) startLocked() {
 
 // send runs batch, hands every call its result, and counts the statement out.
 func (b *batcher[Req, Res]) send(batch []*call[Req, Res]) {
-	defer b.finished()
+	defer b.finished(time.Now())
 	if len(batch) == 1 {
 		c := batch[0]
 		c.res, c.err = b.one(c.ctx, &c.req)

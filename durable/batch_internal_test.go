@@ -43,7 +43,7 @@ func held[Req, Res any](t *testing.T, b *batcher[Req, Res]) (sent func(n int), s
 			return len(b.queue)
 		}
 		require.Eventually(t, func() bool { return queued() == n }, 30*time.Second, time.Millisecond, "%d requests queue", n)
-		b.finished()
+		b.finished(time.Now())
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
 			defer b.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -83,25 +84,30 @@ func New(db DB, cfg *Config) (*Store, error) {
 		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
 	}
-	if n := experimentInFlight(); n > 0 {
+	if n, adapt := experimentInFlight(); n > 0 {
 		s.claims = &batcher[claimReq, claimRes]{inFlight: n, maxBatch: batchMax,
 			key: func(r *claimReq) string { return rowKey(r.p.Scope, r.p.Key) },
 			one: s.claimOne, many: s.claimMany}
 		s.answers = &batcher[answerReq, bool]{inFlight: n, maxBatch: batchMax,
 			key: func(r *answerReq) string { return rowKey(r.scope, r.key) },
 			one: s.completeOne, many: s.completeMany}
+		if adapt {
+			s.claims.adapt = &gradient{limit: float64(n), max: float64(n)}
+			s.answers.adapt = &gradient{limit: float64(n), max: float64(n)}
+		}
 	}
 	return s, nil
 }
 
 // experimentInFlight is TEMPORARY: the batchers' statements in flight, from
 // IDEM_EXP_BATCH (0 turns batching off), for measuring the choice.
-func experimentInFlight() int {
+func experimentInFlight() (int, bool) {
 	if v, ok := os.LookupEnv("IDEM_EXP_BATCH"); ok {
-		n, _ := strconv.Atoi(v)
-		return n
+		a, adapt := strings.CutPrefix(v, "a")
+		n, _ := strconv.Atoi(a)
+		return n, adapt
 	}
-	return batchInFlight
+	return batchInFlight, false
 }
 
 // WithDB returns a Store with the same configuration whose statements run
