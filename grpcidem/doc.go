@@ -2,8 +2,10 @@
 // a call runs at most once per (scope, idempotency key), and every retry is
 // answered with the stored result.
 //
-// It is a module of its own (github.com/idemguard/idem/grpcidem), so that
-// google.golang.org/grpc never reaches the build of a net/http user of idem.
+// It is a module of its own, so that google.golang.org/grpc never reaches
+// the build of a net/http user of idem:
+//
+//	go get github.com/idemguard/idem/grpcidem
 //
 //	guard, _ := idem.New(store, nil)
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
