@@ -307,8 +307,10 @@ func (ic *interceptor) refuse(ctx context.Context, method string, outcome idem.O
 		if cerr := ctx.Err(); cerr != nil {
 			return status.FromContextError(cerr).Err()
 		}
-		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
-			slog.String("method", method), slog.Any("error", err))
+		if !errors.Is(err, idem.ErrUnavailable) { // the Guard logs those
+			ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
+				slog.String("method", method), slog.Any("error", err))
+		}
 	}
 	return refusal(r.code, r.reason, r.msg, d.RetryAfter, meta)
 }
