@@ -208,11 +208,11 @@ func dedent(lines []string) []string {
 var docPackages = map[string]string{
 	"idem": ".", "durable": "durable", "reconcile": "reconcile", "lock": "lock",
 	"idemtest": "idemtest", "grpcidem": "grpcidem", "migrations": "migrations",
-	"pgidem": "pgidem", "pgtest": "idemtest/pgtest",
+	"pgidem": "pgidem", "pgtest": "idemtest/pgtest", "idemclient": "idemclient",
 }
 
 // docName matches pkg.Name and pkg.Name.Member in prose and code.
-var docName = regexp.MustCompile(`\b(idem|durable|reconcile|lock|idemtest|grpcidem|migrations|pgidem|pgtest)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
+var docName = regexp.MustCompile(`\b(idem|durable|reconcile|lock|idemtest|grpcidem|migrations|pgidem|pgtest|idemclient)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
 
 // TestDocsNamesExist fails when README.md or a page of docs/ mentions a
 // pkg.Name (idem.Guard, durable.Store.Claim, idem.Config.Lock) that the

@@ -24,8 +24,11 @@
 //     is a filter, never the fence: a lost lease, a Redis outage, a partition
 //     or a fleet mixing both strategies cannot run the work twice.
 //
-// docs/strategies.md states exactly which faults can still re-run work or
-// turn an answer into a 409, strategy by strategy.
+// A stored answer is durable before the client reads it: the middleware
+// sends it once the store has committed it (durable.Store waits for the
+// commit's flush), so every retry gets that answer, through a crash of the
+// store too. docs/strategies.md states exactly which faults can still re-run work
+// or turn an answer into a 409, strategy by strategy.
 package idem
 
 import (

@@ -38,11 +38,11 @@ import (
 //
 //   - every acknowledged claim is there: no work runs a second time (a work
 //     counter per intent), and a key whose work was running is refused 409;
-//   - every answer written with durable.Config.SynchronousAnswers replays
-//     byte for byte;
-//   - an answer written asynchronously (the default) waited for neither the
-//     flush nor the standby: it replays, or it was lost and the key is in
-//     progress (409) until reconciled, never run again.
+//   - every answer written synchronously (the default) replays byte for
+//     byte;
+//   - an answer written with durable.Config.AsynchronousAnswers waited for
+//     neither the flush nor the standby: it replays, or it was lost and the
+//     key is in progress (409) until reconciled, never run again.
 //
 // The control, "asynchronous", runs the same intents (table strategy) with a
 // standby that is not synchronous and lags by the whole load (it is stopped
@@ -127,7 +127,7 @@ func TestSynchronousStandbyKeepsAcknowledgedClaims(t *testing.T) {
 // guardSpec is one kind of guard in the failover test.
 type guardSpec struct {
 	strategy    string // "table" or "hybrid"
-	syncAnswers bool   // durable.Config.SynchronousAnswers
+	syncAnswers bool   // the default; false sets durable.Config.AsynchronousAnswers
 }
 
 func (s guardSpec) answers() string {
@@ -213,7 +213,7 @@ func startFailover(t *testing.T, sync bool) *failover {
 func (f *failover) guard(t *testing.T, pool *pgxpool.Pool, spec guardSpec, rc redis.UniversalClient, prefix string) *idem.Guard {
 	t.Helper()
 	// AdmissionWait: every intent of a spec is sent at once.
-	store, err := durable.New(pool, &durable.Config{SynchronousAnswers: spec.syncAnswers, AdmissionWait: time.Minute})
+	store, err := durable.New(pool, &durable.Config{AsynchronousAnswers: !spec.syncAnswers, AdmissionWait: time.Minute})
 	require.NoError(t, err)
 	cfg := &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if spec.strategy == "hybrid" {

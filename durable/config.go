@@ -90,18 +90,24 @@ type Config struct {
 	// Defaults to 1s.
 	AdmissionWait time.Duration
 
-	// SynchronousAnswers makes every answer write wait for its WAL flush
-	// before it returns, like the claim. By default an answer written as
-	// its own transaction commits asynchronously (synchronous_commit off
-	// for that one statement), which saves a flush per first execution; a
-	// PostgreSQL crash can then lose an acknowledged answer, and the key
-	// comes back in progress, waiting for reconciliation, never free to run
-	// again (docs/strategies.md, "The answer's commit"). An answer written
-	// through a caller's transaction ([Store.WithDB]) always commits with
-	// that transaction's own settings.
+	// AsynchronousAnswers makes an answer write return before its WAL
+	// flush (synchronous_commit off for that one statement), which saves
+	// the flush's wait. By default an answer write returns once its commit
+	// is on disk, like the claim, so every answer a client reads survives a
+	// PostgreSQL crash. An answer written through a caller's transaction
+	// ([Store.WithDB]) always commits with that transaction's own settings.
+	//
+	// WARNING: with it, a crash of PostgreSQL (the OOM killer ending one
+	// backend restarts them all) within about three times wal_writer_delay
+	// of an answer loses that acknowledged answer. Its key comes back in
+	// progress and its work never runs again, but the client that read the
+	// answer holds one PostgreSQL no longer has: a hybrid Guard may keep
+	// replaying it from Redis, and the reconciler later stores the answer it
+	// rebuilds, which can differ. Every retry then no longer gets the same
+	// answer (docs/strategies.md, "The answer's commit").
 	//
 	// Defaults to false.
-	SynchronousAnswers bool
+	AsynchronousAnswers bool
 
 	// Partitions, when positive, makes [Migrate] create the table
 	// hash-partitioned on user_id (the scope) into that many partitions,

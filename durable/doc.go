@@ -57,6 +57,16 @@
 // writes (one more statement to tell idem.ErrNotFound, idem.ErrNotOwner and
 // idem.ErrCompleted apart).
 //
+// # Durable answers, shared commits
+//
+// Both writes of a first execution, the claim and the answer, return once
+// their commit is on disk, so every answer a client reads survives a
+// PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). The
+// flushes are shared rather than skipped: while a few claim statements (or
+// answer writes) are in flight, the ones that arrive wait and then go
+// together as one statement and one commit, each request getting its own
+// key's result; a request that finds a statement free goes at once, alone.
+//
 // # Transactions
 //
 // The Store runs its statements through a [DB], which *pgxpool.Pool and

@@ -36,6 +36,13 @@ FROM generate_series(1, 20000) AS g`)
 
 	key := []any{"user-7", "key-7"}
 	checkPlans(t, pool, keyStatements(s, key, key), func(t *testing.T, name, mode string, sc scan) {
+		if strings.Contains(name, "many") {
+			// A group commit's statement serves keys of any partition: its
+			// plan lists every partition, each probed by its own primary
+			// key for the keys that belong there (pruned at run time).
+			require.Equal(t, sc.Relation+"_pkey", sc.Index, "%s uses index %s on %s (%s)", name, sc.Index, sc.Relation, mode)
+			return
+		}
 		require.Equal(t, home, sc.Relation, "%s reads partition %s (%s)", name, sc.Relation, mode)
 		require.Equal(t, home+"_pkey", sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
 	})

@@ -158,6 +158,10 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 	owner := make([]byte, 16)
 	hash := make([]byte, 32)
 	with := func(key []any, more ...any) []any { return append(append([]any{}, key...), more...) }
+	scopes := []string{inProgress[0].(string), finished[0].(string)}
+	keys := []string{inProgress[1].(string), finished[1].(string)}
+	owners := [][]byte{owner, owner}
+	answers := []any{scopes, keys, owners, []int16{201, 201}, []string{`{}`, `{}`}, [][]byte{{}, {}}, s.retention}
 	return map[string]keyStatement{
 		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
 		"takeover":        {s.sql.takeover, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
@@ -165,9 +169,15 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 		"inspect":         {s.sql.inspect, with(finished, s.retention)},
 		"complete":        {s.sql.complete, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
 		"complete+notify": {s.sql.completeNotify, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention, "c", "t")},
-		"complete in tx":  {s.sql.completeIn, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
+		"complete async":  {s.sql.completeAsync, with(inProgress, owner, int16(201), []byte(`{}`), []byte(`{}`), s.retention)},
 		"release":         {s.sql.release, with(inProgress, owner)},
 		"release+notify":  {s.sql.releaseNotify, with(inProgress, owner, "c", "t")},
+		// The group commit's statements, over the key and one other.
+		"claim many": {s.sql.claimMany, []any{scopes, keys, [][]byte{hash, hash}, owners, s.retention, owners,
+			[]int64{46_500_000, 46_500_000}}},
+		"complete many":        {s.sql.completeMany, answers},
+		"complete many async":  {s.sql.completeManyAsync, answers},
+		"complete many+notify": {s.sql.completeManyNotify, append(append([]any{}, answers...), "c", []string{"t", "u"})},
 	}
 }
 

@@ -20,11 +20,17 @@ type statements struct {
 	claim, takeover, get, release string
 	releaseNotify                 string
 	inspect, sweepBatch           string
-	// complete is the answer write, as its own transaction;
-	// completeNotify announces it too. completeIn and completeInNotify are
-	// the same writes inside a caller's transaction (Store.WithDB).
-	complete, completeNotify     string
-	completeIn, completeInNotify string
+	// complete is the answer write; completeNotify announces it too.
+	complete, completeNotify string
+	// completeAsync and completeAsyncNotify are the same writes committed
+	// without waiting for their flush (Config.AsynchronousAnswers).
+	completeAsync, completeAsyncNotify string
+	// The group commit's statements (batch.go): claimMany is claim over
+	// arrays of requests; the completeMany writes are the answer writes
+	// over arrays.
+	claimMany                                  string
+	completeMany, completeManyNotify           string
+	completeManyAsync, completeManyAsyncNotify string
 }
 
 // live is the condition under which a row is live, with the retention in
@@ -58,12 +64,14 @@ func newStatements(t string) *statements {
 		"{live7}", live(7),
 	)
 	// takeable: the existing row of the key is the claim's to take over,
-	// with $3 the fingerprint, $5 the retention: it has expired (a new
+	// with h the fingerprint, $5 the retention: it has expired (a new
 	// intent), or it was released and the request is the same (a new
 	// attempt of the same intent). A released row of another request is
 	// not: that request is refused as a reused key.
-	takeable := "coalesce(" + expired(5) + " OR (released_at IS NOT NULL AND response_status IS NULL AND request_hash = $3), false)"
-	r2 := strings.NewReplacer("{takeable}", takeable)
+	takeable := func(h string) string {
+		return "coalesce(" + expired(5) + " OR (released_at IS NOT NULL AND response_status IS NULL AND request_hash = " + h + "), false)"
+	}
+	r2 := strings.NewReplacer("{takeable}", takeable("$3"), "{takeableMany}", takeable("req.h"))
 	st := &statements{
 		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 retention,
 		// $6 intent, $7 hold (microseconds).
@@ -100,6 +108,32 @@ WITH cur AS (
 	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
 	SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (user_id, key) DO NOTHING
+	RETURNING {cols}
+)
+SELECT {cols}, true AS claimed, false AS takeable FROM ins
+UNION ALL
+SELECT {cols}, false, takeable FROM cur`)),
+
+		// claim over arrays of requests, one per key: $1 scopes, $2 keys,
+		// $3 fingerprints, $4 owners, $6 intents, $7 holds, and $5 the
+		// retention. It returns a row for each request whose key had a row
+		// (claimed false) or got one (claimed true), and none for a request
+		// whose key another claimer committed after the statement began, as
+		// claim does. Its inserts go in the order of the keys, so two of
+		// them that share keys wait for each other in one order and never
+		// deadlock.
+		claimMany: r2.Replace(r.Replace(`
+WITH req AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $6::bytea[], $7::bigint[])
+		AS req(s, k, h, o, i, hold)
+), cur AS (
+	SELECT {cols}, {takeableMany} AS takeable FROM req JOIN {t} ON user_id = req.s AND key = req.k
+), ins AS (
+	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
+	SELECT req.s, req.k, req.h, req.o, nullif(req.i, req.o), now() + req.hold * interval '1 microsecond'
+	FROM req WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.user_id = req.s AND cur.key = req.k)
+	ORDER BY req.s, req.k
 	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
 )
@@ -145,19 +179,29 @@ RETURNING {cols}`)),
 SELECT {cols} FROM {t}
 WHERE user_id = $1 AND key = $2 AND {live3}`),
 
-		// The answer write inside a caller's transaction (Store.WithDB),
-		// or with Config.SynchronousAnswers: see completeSQL.
-		completeIn: r.Replace(completeSQL),
+		// The answer write: see completeSQL. It commits with the
+		// transaction's synchronous_commit (on, unless the server or the
+		// caller's transaction says otherwise): once it returns, the answer
+		// is on disk.
+		complete: r.Replace(completeSQL),
 
-		// The same write as its own transaction, which it commits
-		// without waiting for the WAL flush: set_config(..., true) lasts
-		// until the end of the statement's implicit transaction, so only
-		// this commit is asynchronous. The claim that came before it was
-		// flushed: if PostgreSQL crashes before this commit reaches disk,
-		// the key is found in progress, never free (docs/strategies.md,
-		// "The answer's commit").
-		complete: r.Replace(strings.Replace(completeSQL, "\nWHERE ",
-			"\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS async\nWHERE ", 1)),
+		// The same write committed without waiting for its flush
+		// (Config.AsynchronousAnswers): set_config(..., true) lasts until
+		// the end of the statement's implicit transaction, so only this
+		// commit is asynchronous.
+		completeAsync: r.Replace(strings.Replace(completeSQL, "\nWHERE ", "\nFROM "+asyncCommit+"\nWHERE ", 1)),
+
+		// The answer write over arrays of answers, one per key: $1
+		// scopes, $2 keys, $3 owners, $4 statuses, $5 headers (JSON), $6
+		// bodies, and $7 the retention. It returns the scope and key of
+		// each row it wrote; a request it returns nothing for is told why
+		// alone, as after complete. Answers of the same keys come from one
+		// owner each, so two of these statements never wait for each
+		// other's rows.
+		completeMany:            r.Replace(completeManySQL("", false)),
+		completeManyAsync:       r.Replace(completeManySQL(asyncCommit+", ", false)),
+		completeManyNotify:      r.Replace(completeManySQL("", true)),
+		completeManyAsyncNotify: r.Replace(completeManySQL(asyncCommit+", ", true)),
 
 		// $1 scope, $2 key, $3 owner.
 		//
@@ -197,9 +241,40 @@ WHERE (user_id, key) IN (
 	// (Config.Notify): complete's $8 and release's $4 are the channel, the
 	// next parameter the key's tag.
 	st.completeNotify = withNotify(st.complete, 8)
-	st.completeInNotify = withNotify(st.completeIn, 8)
+	st.completeAsyncNotify = withNotify(st.completeAsync, 8)
 	st.releaseNotify = withNotify(st.release, 4)
 	return st
+}
+
+// asyncCommit, in a statement's FROM, makes its implicit transaction commit
+// without waiting for the WAL flush.
+const asyncCommit = "(SELECT set_config('synchronous_commit', 'off', true)) AS async"
+
+// completeManySQL is completeSQL over arrays (see completeMany), with from
+// before the arrays in its FROM list. With notify, the answers also carry
+// their keys' tags ($9), and the statement pg_notify's $8 (the channel) with
+// the tag of each row it wrote.
+func completeManySQL(from string, notify bool) string {
+	arrays, names := "", ""
+	if notify {
+		arrays, names = ", $9::text[]", ", tag"
+	}
+	write := `
+UPDATE {t} SET
+	response_status  = ans.status,
+	response_headers = ans.headers::jsonb,
+	response_body    = ans.body,
+	completed_at     = now(),
+	reconcile_after  = NULL
+FROM ` + from + `unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::text[], $6::bytea[]` + arrays + `)
+	AS ans(s, k, o, status, headers, body` + names + `)
+WHERE user_id = ans.s AND key = ans.k AND owner_token = ans.o
+	AND response_status IS NULL AND {live7}
+RETURNING ans.s, ans.k`
+	if !notify {
+		return write
+	}
+	return "WITH w AS (" + write + ", ans.tag\n)\nSELECT w.s, w.k FROM w CROSS JOIN LATERAL pg_notify($8, w.tag) AS n"
 }
 
 // completeSQL stores the answer of the in-progress row an owner claimed.

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -42,6 +44,11 @@ type Store struct {
 	backlog   *backlogStatements // the reconciler's (backlog.go)
 	channel   string             // the table's notification channel (Config.Notify, Listener)
 	joined    bool               // db is the caller's (WithDB): its transaction is never changed
+	// claims and answers share statements among concurrent requests
+	// (batch.go); nil when db is a caller's transaction (WithDB), whose
+	// statements are the caller's to order.
+	claims  *batcher[claimReq, claimRes]
+	answers *batcher[answerReq, bool]
 }
 
 // A Store is the Guard's store, and can join a caller's transaction.
@@ -66,7 +73,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		admit = admitting{pool: pool, wait: c.AdmissionWait}
 	}
-	return &Store{
+	s := &Store{
 		db:        db,
 		admit:     admit,
 		cfg:       c,
@@ -75,7 +82,26 @@ func New(db DB, cfg *Config) (*Store, error) {
 		sql:       newStatements(table),
 		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
-	}, nil
+	}
+	if n := experimentInFlight(); n > 0 {
+		s.claims = &batcher[claimReq, claimRes]{inFlight: n, maxBatch: batchMax,
+			key: func(r *claimReq) string { return r.p.Scope + "\x00" + r.p.Key },
+			one: s.claimOne, many: s.claimMany}
+		s.answers = &batcher[answerReq, bool]{inFlight: n, maxBatch: batchMax,
+			key: func(r *answerReq) string { return r.scope + "\x00" + r.key },
+			one: s.completeOne, many: s.completeMany}
+	}
+	return s, nil
+}
+
+// experimentInFlight is TEMPORARY: the batchers' statements in flight, from
+// IDEM_EXP_BATCH (0 turns batching off), for measuring the choice.
+func experimentInFlight() int {
+	if v, ok := os.LookupEnv("IDEM_EXP_BATCH"); ok {
+		n, _ := strconv.Atoi(v)
+		return n
+	}
+	return batchInFlight
 }
 
 // WithDB returns a Store with the same configuration whose statements run
@@ -90,6 +116,7 @@ func (s *Store) WithDB(db DB) *Store {
 	c := *s
 	c.db, c.admit = db, db
 	c.joined = true
+	c.claims, c.answers = nil, nil
 	return &c
 }
 
@@ -149,6 +176,12 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // transaction (one that completed the key's answer and has not committed):
 // it returns the row as it was, in progress.
 //
+// Over a *pgxpool.Pool, concurrent Claims share statements: while a few
+// claim statements are in flight, the Claims that arrive wait and then go
+// together as one statement and one commit, each with its own key's result
+// (group commit). A Claim that finds a statement free goes at once, alone. A
+// Claim whose context ends while it waits is never sent.
+//
 // Claim is one statement, so one round trip, with two exceptions. When the
 // key's row is takeable, a second statement takes it over. When Claim races
 // with another claimer, a row committed by another transaction after the
@@ -169,9 +202,16 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 		p.Intent = p.Owner
 	}
 	for range claimAttempts {
-		var claimed, takeable bool
-		rec, err = s.scanRecord(s.admit.QueryRow(ctx, s.sql.claim,
-			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], hold), &claimed, &takeable)
+		var res claimRes
+		if s.claims != nil {
+			res, err = s.claims.do(ctx, claimReq{p: p, hold: hold})
+		} else {
+			res, err = s.claimOne(ctx, &claimReq{p: p, hold: hold})
+		}
+		if err == nil && res.none {
+			err = pgx.ErrNoRows
+		}
+		rec, claimed, takeable := res.rec, res.claimed, res.takeable
 		switch {
 		case err == nil && !takeable:
 			return rec, claimed, nil
@@ -202,6 +242,71 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 	return idem.Record{}, false, &opError{op: op, err: fmt.Errorf("gave up after %d attempts: %w", claimAttempts, errContended)}
 }
 
+// claimReq is a claim's first statement to run; claimRes its result.
+type claimReq struct {
+	p    idem.ClaimParams // checked, with its Intent set
+	hold int64            // p.Hold in microseconds
+}
+
+type claimRes struct {
+	rec               idem.Record
+	claimed, takeable bool
+	none              bool // claimMany found no row: claimOne's pgx.ErrNoRows
+}
+
+// claimOne runs the claim statement for r alone. Like the statement, it
+// returns pgx.ErrNoRows when another claimer committed the key's row after
+// the statement began.
+func (s *Store) claimOne(ctx context.Context, r *claimReq) (claimRes, error) {
+	var res claimRes
+	p := &r.p
+	var err error
+	res.rec, err = s.scanRecord(s.admit.QueryRow(ctx, s.sql.claim,
+		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], r.hold), &res.claimed, &res.takeable)
+	return res, err
+}
+
+// claimMany runs the claim statement for reqs as one (claimMany), and gives
+// each request what claimOne would have: its key's row, or pgx.ErrNoRows.
+func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
+	n := len(reqs)
+	scopes, keys := make([]string, n), make([]string, n)
+	hashes, owners, intents := make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	holds := make([]int64, n)
+	at := make(map[string]int, n)
+	for i, r := range reqs {
+		scopes[i], keys[i] = r.p.Scope, r.p.Key
+		hashes[i], owners[i], intents[i] = r.p.Fingerprint[:], r.p.Owner[:], r.p.Intent[:]
+		holds[i] = r.hold
+		at[r.p.Scope+"\x00"+r.p.Key] = i
+	}
+	rows, err := s.admit.Query(ctx, s.sql.claimMany, scopes, keys, hashes, owners, s.retention, intents, holds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	res := make([]claimRes, n)
+	found := make([]bool, n)
+	for rows.Next() {
+		var r claimRes
+		if r.rec, err = s.scanRecord(rows, &r.claimed, &r.takeable); err != nil {
+			return nil, err
+		}
+		i, ok := at[r.rec.Scope+"\x00"+r.rec.Key]
+		if !ok {
+			return nil, fmt.Errorf("claimed the row of a key it was not asked for")
+		}
+		res[i], found[i] = r, true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range found {
+		res[i].none = !found[i]
+	}
+	return res, nil
+}
+
 // Get returns the live row of a key: in progress (however old) or answered.
 // It returns idem.ErrNotFound when there is none, when the row was released
 // (no claim holds it: the next Claim takes it over) or when it has expired
@@ -227,12 +332,10 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 // live row), idem.ErrNotOwner (the row belongs to another owner, finished or
 // not) or idem.ErrCompleted (the owner's row already has another answer).
 //
-// Unless Config.SynchronousAnswers is set, a Complete that is its own
-// transaction (not through [Store.WithDB]) returns once its commit is in
-// PostgreSQL's memory, before the WAL flush: a crash of PostgreSQL within
-// about three times wal_writer_delay (200 ms by default) can lose an
-// acknowledged answer. The claim is never asynchronous, so such a key comes
-// back in progress, waiting for reconciliation, and its work is not run again.
+// Complete returns once the answer is on disk (its commit waited for the WAL
+// flush), unless Config.AsynchronousAnswers says otherwise. Over a
+// *pgxpool.Pool, concurrent Completes share statements and commits, as
+// concurrent Claims do.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose
@@ -247,21 +350,17 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Toke
 	if err != nil {
 		return err
 	}
-	write, writeNotify := s.sql.complete, s.sql.completeNotify
-	if s.joined || s.cfg.SynchronousAnswers {
-		write, writeNotify = s.sql.completeIn, s.sql.completeInNotify
-	}
-	var tag pgconn.CommandTag
-	if s.cfg.Notify {
-		tag, err = s.db.Exec(ctx, writeNotify, scope, key, owner[:], status, headers, body, s.retention,
-			s.channel, keyTag(scope, key))
+	r := answerReq{scope: scope, key: key, owner: owner, status: status, headers: headers, body: body}
+	var written bool
+	if s.answers != nil {
+		written, err = s.answers.do(ctx, r)
 	} else {
-		tag, err = s.db.Exec(ctx, write, scope, key, owner[:], status, headers, body, s.retention)
+		written, err = s.completeOne(ctx, &r)
 	}
 	if err != nil {
 		return translate(op, err)
 	}
-	if tag.RowsAffected() > 0 {
+	if written {
 		return nil
 	}
 	err = s.why(ctx, op, scope, key, owner)
@@ -272,6 +371,80 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Toke
 		}
 	}
 	return err
+}
+
+// answerReq is an answer write, encoded (encodeAnswer).
+type answerReq struct {
+	scope, key    string
+	owner         idem.Token
+	status        int16
+	headers, body []byte
+}
+
+// completeOne writes r's answer alone and reports whether it changed the row.
+func (s *Store) completeOne(ctx context.Context, r *answerReq) (bool, error) {
+	async := s.cfg.AsynchronousAnswers && !s.joined
+	write, writeNotify := s.sql.complete, s.sql.completeNotify
+	if async {
+		write, writeNotify = s.sql.completeAsync, s.sql.completeAsyncNotify
+	}
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if s.cfg.Notify {
+		tag, err = s.db.Exec(ctx, writeNotify, r.scope, r.key, r.owner[:], r.status, r.headers, r.body, s.retention,
+			s.channel, keyTag(r.scope, r.key))
+	} else {
+		tag, err = s.db.Exec(ctx, write, r.scope, r.key, r.owner[:], r.status, r.headers, r.body, s.retention)
+	}
+	return err == nil && tag.RowsAffected() > 0, err
+}
+
+// completeMany writes the answers of reqs as one statement (completeMany)
+// and reports, for each, whether it changed the row.
+func (s *Store) completeMany(ctx context.Context, reqs []*answerReq) ([]bool, error) {
+	n := len(reqs)
+	scopes, keys, owners := make([]string, n), make([]string, n), make([][]byte, n)
+	statuses, headers, bodies := make([]int16, n), make([]string, n), make([][]byte, n)
+	at := make(map[string]int, n)
+	for i, r := range reqs {
+		scopes[i], keys[i], owners[i] = r.scope, r.key, r.owner[:]
+		statuses[i], headers[i], bodies[i] = r.status, string(r.headers), r.body
+		at[r.scope+"\x00"+r.key] = i
+	}
+	args := []any{scopes, keys, owners, statuses, headers, bodies, s.retention}
+	write := s.sql.completeMany
+	switch async := s.cfg.AsynchronousAnswers; {
+	case s.cfg.Notify:
+		tags := make([]string, n)
+		for i, r := range reqs {
+			tags[i] = keyTag(r.scope, r.key)
+		}
+		args = append(args, s.channel, tags)
+		write = s.sql.completeManyNotify
+		if async {
+			write = s.sql.completeManyAsyncNotify
+		}
+	case async:
+		write = s.sql.completeManyAsync
+	}
+	rows, err := s.db.Query(ctx, write, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	written := make([]bool, n)
+	var scope, key string
+	for rows.Next() {
+		if err := rows.Scan(&scope, &key); err != nil {
+			return nil, err
+		}
+		if i, ok := at[scope+"\x00"+key]; ok {
+			written[i] = true
+		}
+	}
+	return written, rows.Err()
 }
 
 // Release marks the in-progress row that owner claimed released, saying

@@ -60,6 +60,19 @@
 // Unavailable is kept for the one refusal that a client may retry
 // automatically, as gRPC retry policies do: nothing was decided.
 //
+// # The client
+//
+// UnaryClientInterceptor is the other end: it sends every attempt of a call
+// with one key (the caller's, from the outgoing metadata, or a random one
+// drawn once) and the same message, and retries Unavailable and the Aborted
+// refusals above (REQUEST_IN_PROGRESS, REQUEST_PENDING) after their
+// RetryInfo, with idemclient's bounds (ClientConfig). A reused or invalid
+// key, and every other code, is final. WithResult reports the key, whether
+// the answer was replayed and how many attempts it took.
+//
+//	conn, err := grpc.NewClient(target, creds,
+//		grpc.WithChainUnaryInterceptor(grpcidem.UnaryClientInterceptor(nil)))
+//
 // # What is stored
 //
 // The handler's result decides the key's fate, with the same rules as the

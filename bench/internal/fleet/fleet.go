@@ -36,9 +36,12 @@ type Config struct {
 	// value is passed on, so Binary may be a bench built before the flag
 	// existed.
 	Impl string
-	// SyncAnswers makes the guard's store write answers synchronously
-	// (durable.Config.SynchronousAnswers); passed on only when set.
-	SyncAnswers bool
+	// AsyncAnswers makes the guard's store return answer writes before
+	// their flush (durable.Config.AsynchronousAnswers); passed on only when
+	// set.
+	AsyncAnswers bool
+	// Env is added to the workers' environment.
+	Env []string
 	// PoolSize is each worker's pgx pool size (MaxConns); RedisPoolSize
 	// each worker's go-redis pool size, 0 for go-redis' default.
 	PoolSize, RedisPoolSize int
@@ -117,11 +120,11 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	if cfg.Impl != "" && cfg.Impl != "guard" {
 		args = append(args, "-impl", cfg.Impl)
 	}
-	if cfg.SyncAnswers {
-		args = append(args, "-sync-answers")
+	if cfg.AsyncAnswers {
+		args = append(args, "-async-answers")
 	}
 	cmd := exec.Command(cfg.Binary, args...)
-	cmd.Env = append(os.Environ(), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)
+	cmd.Env = append(append(os.Environ(), cfg.Env...), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -109,7 +109,7 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		redisPool = fs.Int("redis-pool-size", 0, "go-redis pool size (0: its default)")
 		work      = fs.Duration("work", 5*time.Millisecond, "simulated handler latency")
 		impl      = fs.String("impl", target.Guard, "what serves the requests: guard (the middleware) or minimal (target.MinimalHandler)")
-		syncAns   = fs.Bool("sync-answers", false, "the guard's store writes answers synchronously (durable.Config.SynchronousAnswers)")
+		asyncAns  = fs.Bool("async-answers", false, "the guard's store returns answer writes before their flush (durable.Config.AsynchronousAnswers)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -129,14 +129,14 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		fmt.Fprintf(stderr, "bench worker: -impl %q: want guard or minimal\n", *impl)
 		return 2
 	}
-	if err := serve(ctx, *addr, *impl, *syncAns, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
+	if err := serve(ctx, *addr, *impl, *asyncAns, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
 		fmt.Fprintf(stderr, "bench worker: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, addr, impl string, syncAnswers bool, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
+func serve(ctx context.Context, addr, impl string, asyncAnswers bool, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
 	pc, err := pgxpool.ParseConfig(os.Getenv(databaseEnv))
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -170,7 +170,7 @@ func serve(ctx context.Context, addr, impl string, syncAnswers bool, strategy, s
 			return err
 		}
 	} else {
-		g, err := target.NewGuard(db, rdb, schema, prefix, strategy, syncAnswers)
+		g, err := target.NewGuard(db, rdb, schema, prefix, strategy, asyncAnswers)
 		if err != nil {
 			return err
 		}

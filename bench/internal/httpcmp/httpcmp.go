@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +33,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/bench/internal/cli"
+	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
 	"github.com/idemguard/idem/bench/internal/target"
 )
@@ -40,10 +43,14 @@ const (
 	Minimal = "minimal" // target.MinimalHandler, this build
 	Guard   = "guard"   // the guard's middleware, this build
 	Before  = "before"  // the guard's middleware, the -baseline build
-	// GuardSync is this build's guard with durable.Config.SynchronousAnswers:
-	// both of a first execution's commits wait for their flush.
-	GuardSync = "guard-sync"
+	// GuardAsync is this build's guard with durable.Config.AsynchronousAnswers:
+	// the answer write returns before its flush.
+	GuardAsync = "guard-async"
 )
+
+// maxPool caps a worker's pgx pool: a service's pool, not one connection per
+// caller; past it callers wait for a connection.
+const maxPool = 32
 
 // Scenarios.
 const (
@@ -59,7 +66,11 @@ type Run struct {
 	Executed                 int64 // 201 answers that were not replays
 	Elapsed                  time.Duration
 	WALSyncs                 int64 // pg_stat_wal.wal_sync delta, server-wide
-	FirstErr                 string
+	// WorkerCPU and PostgresCPU are the CPU seconds the worker process and
+	// the PostgreSQL processes serving the fleet used during the run
+	// (fleet.Meter; 0 where /proc cannot be read).
+	WorkerCPU, PostgresCPU float64
+	FirstErr               string
 }
 
 // OpsPerSec is answers without error per second.
@@ -68,6 +79,19 @@ func (r Run) OpsPerSec() float64 {
 		return 0
 	}
 	return float64(r.Requests-r.Errors) / r.Elapsed.Seconds()
+}
+
+// PostgresMicrosPerRequest and WorkerMicrosPerRequest are the CPU of
+// PostgreSQL and of the worker per answered request, in µs.
+func (r Run) PostgresMicrosPerRequest() float64 { return r.perRequest(r.PostgresCPU) }
+
+func (r Run) WorkerMicrosPerRequest() float64 { return r.perRequest(r.WorkerCPU) }
+
+func (r Run) perRequest(secs float64) float64 {
+	if n := r.Requests - r.Errors; n > 0 {
+		return secs * 1e6 / float64(n)
+	}
+	return 0
 }
 
 // FlushesPerExecution is wal_sync per first execution.
@@ -86,6 +110,8 @@ type config struct {
 	run              time.Duration
 	replayKeys       int
 	baseline         string
+	pgDelay          time.Duration // added to each worker's PostgreSQL round trip
+	batches          []string      // TEMPORARY: IDEM_EXP_BATCH values, each a guard@N implementation
 	progress         io.Writer
 }
 
@@ -115,6 +141,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		runFor     = fs.Duration("run", 2*time.Second, "how long each implementation runs per round")
 		replayKeys = fs.Int("replay-keys", 500, "keys answered before each replay run, which its requests repeat")
 		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
+		pgDelay    = fs.Duration("pg-delay", 0, "round-trip time added between the workers and PostgreSQL (a delay proxy), e.g. 500us")
+		batches    = fs.String("experiment-batch", "", "TEMPORARY: comma-separated IDEM_EXP_BATCH values, each run as guard@N")
 		outDir     = fs.String("out", "bench-report-http", "report directory (created; its files replaced)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -124,7 +152,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, progress: stdout}
+		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, batches: cli.Split(*batches), progress: stdout}
 	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -133,7 +161,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.callers = append(cfg.callers, n)
 	}
-	if fs.NArg() > 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 {
+	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 {
 		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, and -callers")
 		return 2
 	}
@@ -164,14 +192,34 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 		return nil, err
 	}
 	defer env.Close(context.WithoutCancel(ctx))
+	meter := fleet.NewMeter(cfg.redisAddr, env.Pool, env.Schema)
+	defer meter.Close()
 	impls := implementations(cfg)
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
+	workerURL := cfg.dbURL
+	if cfg.pgDelay > 0 {
+		u, err := url.Parse(cfg.dbURL)
+		if err != nil {
+			return nil, fmt.Errorf("database URL: %w", err)
+		}
+		host := u.Host
+		if _, _, err := net.SplitHostPort(host); err != nil {
+			host = net.JoinHostPort(host, "5432")
+		}
+		proxy, err := delayproxy.Start(ctx, self, host, cfg.pgDelay)
+		if err != nil {
+			return nil, err
+		}
+		defer proxy.Close()
+		u.Host = proxy.Addr()
+		workerURL = u.String()
+	}
 	var runs []Run
 	var seq atomic.Int64
-	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-8s %9s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "errors")
+	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "pgµs/req", "wkµs/req", "errors")
 	for _, strategy := range cfg.strategies {
 		for _, conc := range cfg.callers {
 			fleets := map[string]*fleet.Fleet{}
@@ -181,15 +229,19 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 				}
 			}
 			for _, impl := range impls {
-				fc := fleet.Config{Binary: self, DatabaseURL: cfg.dbURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
-					Prefix: env.Prefix, Strategy: strategy, PoolSize: conc, RedisPoolSize: conc, MaxInFlight: conc}
+				fc := fleet.Config{Binary: self, DatabaseURL: workerURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
+					Prefix: env.Prefix, Strategy: strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
 				switch impl {
 				case Minimal:
 					fc.Impl = target.Minimal
-				case GuardSync:
-					fc.SyncAnswers = true
+				case GuardAsync:
+					fc.AsyncAnswers = true
 				case Before:
 					fc.Binary = cfg.baseline
+				default:
+					if n, ok := strings.CutPrefix(impl, Guard+"@"); ok {
+						fc.Env = []string{"IDEM_EXP_BATCH=" + n}
+					}
 				}
 				f, err := fleet.Start(ctx, fc, 1)
 				if err != nil {
@@ -199,7 +251,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 				fleets[impl] = f
 			}
 			for _, impl := range impls { // dial the pools, load the scripts
-				if _, err := runOne(ctx, env, fleets[impl], impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
+				if _, err := runOne(ctx, env, meter, fleets[impl], impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
 					closeAll()
 					return runs, err
 				}
@@ -211,15 +263,16 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 				}
 				for _, sc := range []string{Unique, Replay} {
 					for _, impl := range order {
-						r, err := runOne(ctx, env, fleets[impl], impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
+						r, err := runOne(ctx, env, meter, fleets[impl], impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
 						if err != nil {
 							closeAll()
 							return runs, err
 						}
 						r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = strategy, sc, impl, conc, round+1
 						runs = append(runs, r)
-						fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-8s %9.0f %8.3f %7d\n",
-							strategy, sc, conc, round+1, impl, r.OpsPerSec(), r.FlushesPerExecution(), r.Errors)
+						fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %7d\n",
+							strategy, sc, conc, round+1, impl, r.OpsPerSec(), r.FlushesPerExecution(),
+							r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.Errors)
 					}
 				}
 			}
@@ -251,12 +304,16 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 }
 
 // implementations are what a run compares: the minimal SQL, this build's
-// guard with the asynchronous and the synchronous answer write, and the
-// baseline's guard when there is one.
+// guard with the synchronous (default) and the asynchronous answer write,
+// the baseline's guard when there is one, and this build's guard at each
+// experimental batch setting.
 func implementations(cfg config) []string {
-	impls := []string{Minimal, Guard, GuardSync}
+	impls := []string{Minimal, Guard, GuardAsync}
 	if cfg.baseline != "" {
 		impls = append(impls, Before)
+	}
+	for _, n := range cfg.batches {
+		impls = append(impls, Guard+"@"+n)
 	}
 	return impls
 }
@@ -269,7 +326,7 @@ func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
 
 // runOne truncates impl's table and, for replays, answers replayKeys keys
 // first; then runs conc callers closed loop for d.
-func runOne(ctx context.Context, env *target.Env, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
+func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
 	replayKeys int, seq *atomic.Int64) (Run, error) {
 	var r Run
 	table := target.GuardTable
@@ -321,6 +378,7 @@ func runOne(ctx context.Context, env *target.Env, f *fleet.Fleet, impl, scenario
 		errOnce                  sync.Once
 		wg                       sync.WaitGroup
 	)
+	cpu0 := meter.Read(ctx, f)
 	start := time.Now()
 	deadline := start.Add(d)
 	for c := range conc {
@@ -356,6 +414,8 @@ func runOne(ctx context.Context, env *target.Env, f *fleet.Fleet, impl, scenario
 	}
 	wg.Wait()
 	r.Elapsed = time.Since(start)
+	u := fleet.Between(cpu0, meter.Read(ctx, f))
+	r.WorkerCPU, r.PostgresCPU = u.Workers*r.Elapsed.Seconds(), u.Postgres*r.Elapsed.Seconds()
 	w1, err := settledWALSyncs(ctx, env, f)
 	if err != nil {
 		return r, err
@@ -422,14 +482,17 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		fmt.Fprintf(w, "**Interrupted**: only the runs that ended are reported.\n\n")
 	}
 	fmt.Fprintf(w, "Command: `%s`  \nStarted %s, took %s. One worker process per implementation on loopback, "+
-		"its pgx and Redis pools as large as the callers; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
+		"its Redis pool as large as the callers and its pgx pool too, up to %d; PostgreSQL %v further than loopback; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
 		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
-		cfg.rounds, cfg.run, cfg.replayKeys)
+		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.replayKeys)
 	impls := implementations(cfg)
-	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardSync}}
+	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
+	}
+	for _, n := range cfg.batches {
+		pairs = append(pairs, [2]string{Guard + "@" + n, Minimal})
 	}
 	fmt.Fprintf(w, "| strategy | scenario | callers |")
 	for _, impl := range impls {
@@ -461,7 +524,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s |", impl)
 	}
-	flushPairs := [][2]string{{Guard, GuardSync}}
+	flushPairs := [][2]string{{Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		flushPairs = append(flushPairs, [2]string{Guard, Before})
 	}
@@ -485,6 +548,21 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 			fmt.Fprintln(w)
 		}
 	}
+	fmt.Fprintf(w, "\nCPU per first execution, µs, PostgreSQL / worker process (median of the rounds):\n\n| strategy | callers |")
+	for _, impl := range impls {
+		fmt.Fprintf(w, " %s |", impl)
+	}
+	fmt.Fprintf(w, "\n|---|---:|%s\n", strings.Repeat("---:|", len(impls)))
+	for _, st := range cfg.strategies {
+		for _, conc := range cfg.callers {
+			fmt.Fprintf(w, "| %s | %d |", st, conc)
+			for _, impl := range impls {
+				fmt.Fprintf(w, " %.0f / %.0f |", medianOf(runs, st, Unique, impl, conc, Run.PostgresMicrosPerRequest),
+					medianOf(runs, st, Unique, impl, conc, Run.WorkerMicrosPerRequest))
+			}
+			fmt.Fprintln(w)
+		}
+	}
 	var errs int64
 	for _, r := range runs {
 		errs += r.Errors
@@ -504,12 +582,13 @@ func write(dir, md string, runs []Run) error {
 		return err
 	}
 	cw := csv.NewWriter(f)
-	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "first_error"})
+	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "worker_cpu_s", "postgres_cpu_s", "first_error"})
 	for _, r := range runs {
 		_ = cw.Write([]string{r.Strategy, r.Scenario, r.Impl, strconv.Itoa(r.Callers), strconv.Itoa(r.Round),
 			strconv.FormatInt(r.Requests, 10), strconv.FormatInt(r.Errors, 10), strconv.FormatInt(r.Executed, 10),
 			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64), strconv.FormatFloat(r.OpsPerSec(), 'f', 1, 64),
-			strconv.FormatInt(r.WALSyncs, 10), r.FirstErr})
+			strconv.FormatInt(r.WALSyncs, 10), strconv.FormatFloat(r.WorkerCPU, 'f', 3, 64),
+			strconv.FormatFloat(r.PostgresCPU, 'f', 3, 64), r.FirstErr})
 	}
 	cw.Flush()
 	if err := cw.Error(); err != nil {

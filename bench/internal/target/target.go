@@ -104,11 +104,11 @@ func newGuard(env *Env, strategy string, work func(context.Context) error) (Targ
 
 // NewGuard returns the guard of strategy (Table or Hybrid) that every guard
 // target of the bench runs, in process or in a worker process: its store on
-// the GuardTable of schema through db (with durable.Config.SynchronousAnswers
-// set to syncAnswers), its Redis lease (hybrid) under prefix + "guard:"
+// the GuardTable of schema through db (with durable.Config.AsynchronousAnswers
+// set to asyncAnswers), its Redis lease (hybrid) under prefix + "guard:"
 // through rdb, and no logging.
-func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, syncAnswers bool) (*idem.Guard, error) {
-	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable, SynchronousAnswers: syncAnswers})
+func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, asyncAnswers bool) (*idem.Guard, error) {
+	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable, AsynchronousAnswers: asyncAnswers})
 	if err != nil {
 		return nil, err
 	}

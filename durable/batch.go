@@ -1,0 +1,203 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Group commit: a Store over a pool shares statements, and so commits and
+// WAL flushes, among the claims (and, apart, the answer writes) that wait for
+// the database at the same time.
+//
+// A batcher lets at most a few statements of its kind be in flight at once.
+// A request that finds a statement free goes at once, alone, in its
+// caller's goroutine, with the one-key statement and the caller's context: a
+// lone caller pays what it would without the batcher. A request that finds
+// them all in flight waits in a queue; when one returns, the queue (up to
+// maxBatch requests, one per key) goes as one statement, one transaction.
+// Under load a statement then serves many requests, and the few in flight
+// still share PostgreSQL's own group commit of their flushes.
+//
+// Every request gets its own key's result. A key is never twice in one
+// statement: its second request waits for the next. A request whose
+// context ends while it is queued leaves the queue and is never sent; one
+// whose context ends while its statement runs returns the context's error,
+// as a lone statement cut off would (its outcome is unknown to it). A
+// statement refused by the server (a *pgconn.PgError: its transaction rolled
+// back, nothing was written) is not the outcome of every request in it: each
+// request then runs alone, so one request's fault stays its own.
+type batcher[Req, Res any] struct {
+	// inFlight bounds the statements in flight at once; maxBatch the
+	// requests in one statement.
+	inFlight, maxBatch int
+	// key names a request's row: one request per key in a statement.
+	key func(*Req) string
+	// one runs one request alone, with its caller's context.
+	one func(ctx context.Context, r *Req) (Res, error)
+	// many runs reqs (at least two, distinct keys) as one statement. It
+	// returns a result per request, in order, or the statement's error.
+	many func(ctx context.Context, reqs []*Req) ([]Res, error)
+
+	mu      sync.Mutex
+	running int // statements in flight
+	queue   []*call[Req, Res]
+}
+
+// call is one request waiting for a statement.
+type call[Req, Res any] struct {
+	ctx  context.Context // the caller's: its deadline and values, read by the statement
+	req  Req
+	res  Res
+	err  error
+	done chan struct{} // closed once res and err are set
+	// alone tells the caller to run its request alone after all: its
+	// statement was refused by the server.
+	alone bool
+}
+
+// Batch sizes and concurrency of a Store's batchers (see batcher).
+const (
+	batchInFlight = 4
+	batchMax      = 64
+)
+
+// do runs r, alone or with the requests waiting beside it.
+func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
+	b.mu.Lock()
+	if b.running < b.inFlight {
+		b.running++
+		b.mu.Unlock()
+		res, err := b.one(ctx, &r)
+		b.finished()
+		return res, err
+	}
+	c := &call[Req, Res]{ctx: ctx, req: r, done: make(chan struct{})}
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		b.mu.Lock()
+		for i, q := range b.queue {
+			if q == c { // still queued: never sent
+				b.queue = append(b.queue[:i], b.queue[i+1:]...)
+				b.mu.Unlock()
+				var zero Res
+				return zero, ctx.Err()
+			}
+		}
+		b.mu.Unlock()
+		// Taken into a statement: its outcome is unknown here, as a lone
+		// statement's whose context ended.
+		select {
+		case <-c.done:
+		default:
+			var zero Res
+			return zero, ctx.Err()
+		}
+	}
+	if c.alone {
+		return b.one(ctx, &c.req)
+	}
+	return c.res, c.err
+}
+
+// finished counts a statement out and sends the queue, if any, in its place.
+func (b *batcher[Req, Res]) finished() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running--
+	b.startLocked()
+}
+
+// startLocked starts a statement for the queue when one may go. b.mu is held.
+func (b *batcher[Req, Res]) startLocked() {
+	if len(b.queue) == 0 || b.running >= b.inFlight {
+		return
+	}
+	batch := make([]*call[Req, Res], 0, min(len(b.queue), b.maxBatch))
+	seen := make(map[string]struct{}, cap(batch))
+	rest := b.queue[:0]
+	for _, c := range b.queue {
+		k := b.key(&c.req)
+		if _, dup := seen[k]; dup || len(batch) == b.maxBatch {
+			rest = append(rest, c)
+			continue
+		}
+		seen[k] = struct{}{}
+		batch = append(batch, c)
+	}
+	clear(b.queue[len(rest):])
+	b.queue = rest
+	b.running++
+	go b.send(batch)
+}
+
+// send runs batch, hands every call its result, and counts the statement out.
+func (b *batcher[Req, Res]) send(batch []*call[Req, Res]) {
+	defer b.finished()
+	if len(batch) == 1 {
+		c := batch[0]
+		c.res, c.err = b.one(c.ctx, &c.req)
+		close(c.done)
+		return
+	}
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	reqs := make([]*Req, len(batch))
+	for i, c := range batch {
+		reqs[i] = &c.req
+	}
+	res, err := b.many(ctx, reqs)
+	refused := rolledBack(err)
+	for i, c := range batch {
+		switch {
+		case refused:
+			c.alone = true
+		case err != nil:
+			c.err = err
+		default:
+			c.res = res[i]
+		}
+		close(c.done)
+	}
+}
+
+// rolledBack reports whether err is the server's ERROR for a statement,
+// which rolled back its implicit transaction: nothing it wrote is kept. A
+// FATAL error (the backend ended, perhaps after its commit) and an error of
+// the connection or the context leave the outcome unknown.
+func rolledBack(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return severity == "ERROR"
+}
+
+// batchContext is the context of a statement that serves batch: it carries
+// the first call's values, is cancelled by no caller alone (a caller that
+// gives up returns without waiting), and ends with the latest of their
+// deadlines, or never when one of them has none.
+func batchContext[Req, Res any](batch []*call[Req, Res]) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(context.WithoutCancel(batch[0].ctx))
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), last)
+}
