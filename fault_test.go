@@ -155,7 +155,6 @@ type rig struct {
 	mr       *miniredis.Miniredis // hybrid on miniredis only
 
 	intents sync.Map // scope\x00key -> *intent
-	seq     atomic.Int64
 	charges atomic.Int64
 	ledger  sync.Map                                     // scope\x00key -> charge: the provider's record, by the key derived from the intent
 	onWork  func(ctx context.Context, in *intent, n int) // runs inside the work, before it completes

@@ -109,7 +109,9 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Logger receives one line per decision worth a human's attention
 	// (fallback to the table claim, store failure, an answer written that
-	// differs from the one joined). Keys are logged as a hash (see
+	// differs from the one joined); a store failure that repeats is logged
+	// once per cause and 10s, with the count of the requests it refused
+	// meanwhile. Keys are logged as a hash (see
 	// KeyHash), never in clear. It is also the logger of the reconciler
 	// and of grpcidem's interceptor built over the Guard (Guard.Logger).
 	// Defaults to slog.Default().
@@ -171,6 +173,7 @@ type Guard struct {
 	maxWaiters   int64
 	waiting      atomic.Int64
 	redis        redisBreaker // hybrid: a recent failure of the lease service
+	repeats      repeatLog    // which store failures are logged
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -434,8 +437,15 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 		return Response{}, OutcomeNone, &RequestError{Field: "Request", Reason: "refused by the store: " + err.Error()}
 	}
 	g.tel.add(ctx, evStoreError)
-	g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed",
-		slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err))
+	// One line per cause and repeatInterval while it lasts, with the count
+	// of the refusals it stands for: an outage is not a line per request.
+	if log, held := g.repeats.allow(op+": "+err.Error(), time.Now()); log {
+		attrs := []slog.Attr{slog.String("op", op), slog.String("key_hash", keyHash(req)), slog.Any("error", err)}
+		if held > 0 {
+			attrs = append(attrs, slog.Int("repeated", held), slog.Duration("within", repeatInterval))
+		}
+		g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed", attrs...)
+	}
 	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
 }
 

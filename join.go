@@ -17,14 +17,14 @@ import (
 //
 // Call it inside the work (or the guarded HTTP handler), commit tx before the
 // work returns, and deliver the same resp to the client (Response.Write does
-// it for HTTP). In the middleware, the response header allowlist applies to
+// it for HTTP; a gRPC handler passes grpcidem.Answer's form of its reply). In the middleware, the response header allowlist applies to
 // what is stored. After the work returns, the guard reads the key's row:
 //
 //   - committed: the key is answered, whatever the work returned: Do
-//     returns the completed answer (and the middleware sends it), as every
-//     retry replays it, even when the work returned or wrote another, such
-//     as a 500 after a commit whose reply was lost; such a mismatch is
-//     logged and counted ("answer_mismatch");
+//     returns the completed answer (and the middleware and grpcidem's
+//     interceptor send it), as every retry replays it, even when the work
+//     returned or wrote another, such as a 500 after a commit whose reply
+//     was lost; such a mismatch is logged and counted ("answer_mismatch");
 //   - rolled back: the answer is never stored, and the key stays in
 //     progress until it is settled (or is released, after MarkRetrySafe).
 //

@@ -80,11 +80,11 @@ func newLeaseRig(t *testing.T, strategy string, cfg *idem.Config, dcfg *durable.
 
 // do runs one request and reports how many times it asked the store for a
 // row (claims and reads): a request that must not run makes no other call.
-func (r *leaseRig) do(t *testing.T, rq idem.Request, work idem.Work) (idem.Response, idem.Outcome, error, int32) {
+func (r *leaseRig) do(t *testing.T, rq idem.Request, work idem.Work) (idem.Response, idem.Outcome, int32, error) {
 	t.Helper()
 	before := r.count.calls.Load()
 	resp, out, err := r.guard.Do(t.Context(), rq, work)
-	return resp, out, err, r.count.calls.Load() - before
+	return resp, out, r.count.calls.Load() - before, err
 }
 
 // rowAnswer is the answer the key's row holds, as a replay from PostgreSQL
@@ -149,7 +149,7 @@ func TestLeaseAnswersDuplicatesWithoutPostgres(t *testing.T) {
 		}()
 		<-started
 
-		_, out, err, calls := r.do(t, rq, mustNotRun(t))
+		_, out, calls, err := r.do(t, rq, mustNotRun(t))
 		require.Equal(t, idem.OutcomeInProgress, out)
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.NotErrorIs(t, err, idem.ErrPending)
@@ -160,14 +160,14 @@ func TestLeaseAnswersDuplicatesWithoutPostgres(t *testing.T) {
 
 		want := r.rowAnswer(t, rq)
 		for range 3 {
-			resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+			resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out)
 			require.Equal(t, want, resp, "the copy replays exactly the row's answer")
 			require.Zero(t, calls, "a replay costs PostgreSQL nothing")
 		}
 
-		_, out, err, calls = r.do(t, reused, mustNotRun(t))
+		_, out, calls, err = r.do(t, reused, mustNotRun(t))
 		require.Equal(t, idem.OutcomeKeyReused, out)
 		require.ErrorIs(t, err, idem.ErrKeyReused)
 		require.Zero(t, calls, "a reused key costs PostgreSQL nothing")
@@ -196,12 +196,12 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			r.forget(t, rq)
 
 			// A client bug gets the lease, and loses the claim.
-			_, out, err, _ = r.do(t, req("user-1", rq.Key, `{"sku":2}`), mustNotRun(t))
+			_, out, _, err = r.do(t, req("user-1", rq.Key, `{"sku":2}`), mustNotRun(t))
 			require.Equal(t, idem.OutcomeKeyReused, out)
 			require.ErrorIs(t, err, idem.ErrKeyReused)
 
 			// The lease now holds the row's answer, not the loser's state.
-			resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+			resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out)
 			require.Equal(t, r.rowAnswer(t, rq), resp)
@@ -218,13 +218,13 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			require.NoError(t, err)
 			r.forget(t, rq)
 
-			resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+			resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out)
 			require.Equal(t, 1, int(calls), "the claim returns the answered row")
 			require.Equal(t, r.rowAnswer(t, rq), resp)
 
-			resp, out, err, calls = r.do(t, rq, mustNotRun(t))
+			resp, out, calls, err = r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out)
 			require.Equal(t, r.rowAnswer(t, rq), resp)
@@ -245,12 +245,12 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			_, out, _, _ := r.do(t, req("user-1", rq.Key, `{"sku":2}`), mustNotRun(t))
 			require.Equal(t, idem.OutcomeKeyReused, out)
 
-			_, out, err, calls := r.do(t, rq, mustNotRun(t))
+			_, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.Equal(t, idem.OutcomeInProgress, out)
 			require.ErrorIs(t, err, idem.ErrInProgress)
 			require.Zero(t, calls)
 
-			_, out, err, calls = r.do(t, req("user-1", rq.Key, `{"sku":3}`), mustNotRun(t))
+			_, out, calls, err = r.do(t, req("user-1", rq.Key, `{"sku":3}`), mustNotRun(t))
 			require.Equal(t, idem.OutcomeKeyReused, out)
 			require.ErrorIs(t, err, idem.ErrKeyReused)
 			require.Zero(t, calls, "the lease was read from the row: 422 without PostgreSQL")
@@ -266,12 +266,12 @@ func TestLeaseTakesTheRowsState(t *testing.T) {
 			ageRow(t, r.store, rq, r.guard.MaxHold()+time.Minute)
 			r.forget(t, rq)
 
-			_, out, err, calls := r.do(t, rq, mustNotRun(t))
+			_, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.Equal(t, idem.OutcomeInProgress, out)
 			require.ErrorIs(t, err, idem.ErrPending)
 			require.Equal(t, 1, int(calls))
 
-			_, out, err, calls = r.do(t, rq, mustNotRun(t))
+			_, out, calls, err = r.do(t, rq, mustNotRun(t))
 			require.Equal(t, idem.OutcomeInProgress, out)
 			require.ErrorIs(t, err, idem.ErrPending, "the lease says pending, as the row does")
 			require.Zero(t, calls)
@@ -332,7 +332,7 @@ func TestLeaseFollowsReleaseAndSettle(t *testing.T) {
 			settled := created("o-4")
 			require.NoError(t, r.guard.Settle(t.Context(), rq.Scope, rq.Key, rec.Owner, settled))
 
-			resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+			resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out)
 			require.Equal(t, r.rowAnswer(t, rq), resp)
@@ -399,7 +399,7 @@ func TestLeaseFailoverMidExecution(t *testing.T) {
 		close(finish)
 		wg.Wait()
 
-		resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+		resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out)
 		require.Equal(t, r.rowAnswer(t, rq), resp)
@@ -491,7 +491,7 @@ func TestLeaseCopyInFlight(t *testing.T) {
 
 	close(gate.release)
 	want := a.rowAnswer(t, rq)
-	resp, out, err, calls := a.do(t, rq, mustNotRun(t))
+	resp, out, calls, err := a.do(t, rq, mustNotRun(t))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out)
 	require.Equal(t, want, resp)
@@ -588,7 +588,7 @@ func TestLeaseMixedFleet(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out)
 	require.Equal(t, r.rowAnswer(t, rq), resp)
-	resp, out, err, calls := r.do(t, rq, mustNotRun(t))
+	resp, out, calls, err := r.do(t, rq, mustNotRun(t))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out)
 	require.Equal(t, r.rowAnswer(t, rq), resp)

@@ -258,7 +258,7 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, outcome Outc
 			p.Detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
 		}
 	}
-	if err != nil && p.Status >= 500 {
+	if err != nil && p.Status >= 500 && !errors.Is(err, ErrUnavailable) { // the Guard logs those
 		m.g.log.LogAttrs(r.Context(), slog.LevelError, "idem: request refused",
 			slog.Int("status", p.Status), slog.String("problem", d.Slug), slog.Any("error", err))
 	}

@@ -435,6 +435,15 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 	require.NotContains(t, string(a.body), "connect")
 	require.Contains(t, logs.String(), "store unavailable", "the cause goes to the log")
 	require.Zero(t, h.calls.Load())
+
+	// An outage is one ERROR line per cause and interval, not one or two
+	// per refused request.
+	for i := range 20 {
+		r := send(t, srv, call{user: "u", keys: []string{"k" + strconv.Itoa(i)}})
+		require.Equal(t, http.StatusServiceUnavailable, r.status)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "level=ERROR"), "%s", logs.String())
+	require.Zero(t, h.calls.Load())
 }
 
 func TestMiddlewareNeedsScopeFunc(t *testing.T) {

@@ -11,6 +11,9 @@
 //	go run ./bench                       # a few minutes, defaults below
 //	go run ./bench -step 10s -rate-max 32000 -work 50ms -out /tmp/capacity
 //
+// or, installed with go install github.com/idemguard/idem/bench@latest, as
+// bench with the same flags.
+//
 // It works in a schema (idem_bench_<random>) and under a Redis prefix
 // (idembench:<random>:) of its own, both removed at the end, so it never
 // touches an application's data. Ctrl-C stops it after the current step and

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +84,12 @@ func TestSmoke(t *testing.T) {
 		}
 		require.NotEqual(t, "0.0", rec[6], "achieved: %v", rec)
 		if rec[0] == "unique" && rec[3] == "table" {
-			require.Equal(t, "2.000", rec[21], "statements per first execution: %v", rec) // claim + complete
+			// Claim and complete: at most 2 statements, fewer when the
+			// store's group commit shares them between concurrent requests,
+			// which a loaded machine makes more likely.
+			n, err := strconv.ParseFloat(rec[21], 64)
+			require.NoError(t, err, "statements per first execution: %v", rec)
+			require.True(t, n > 0 && n <= 2, "statements per first execution: %v", rec)
 		}
 	}
 	require.Equal(t, 12, repeats)

@@ -84,6 +84,8 @@ func (e *opError) Unwrap() []error {
 //     Unicode escape, value out of range, ...) and 23514 (check violation)
 //     wrap idem.ErrInvalid;
 //   - 23505 (unique violation) wraps idem.ErrExists;
+//   - 42P01 (undefined table) and 42703 (undefined column) say that the
+//     schema lacks what this build needs: errNotMigrated names the fix;
 //   - anything else is wrapped with the operation's name.
 //
 // The cause stays reachable with errors.Is and errors.As.
@@ -101,10 +103,16 @@ func translate(op string, err error) error {
 			kind = idem.ErrInvalid
 		case pgErr.Code == "23505":
 			kind = idem.ErrExists
+		case pgErr.Code == "42P01", pgErr.Code == "42703":
+			kind = errNotMigrated
 		}
 	}
 	return &opError{op: op, kind: kind, err: err}
 }
+
+// errNotMigrated is the kind of an error that a table or column of the
+// schema is missing: the migrations this build needs have not run.
+var errNotMigrated = errors.New("the schema lacks a table or column of this build: run durable.Migrate")
 
 // invalid reports a bad argument found before any round trip.
 func invalid(op, detail string) error {

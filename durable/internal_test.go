@@ -34,7 +34,8 @@ func TestTranslate(t *testing.T) {
 		{name: "check violation", err: pgErr("23514"), kind: idem.ErrInvalid},
 		{name: "unique violation", err: pgErr("23505"), kind: idem.ErrExists},
 		{name: "not null violation", err: pgErr("23502")},
-		{name: "undefined table", err: pgErr("42P01"), text: "durable: op: pgx wrapping: ERROR: m (SQLSTATE 42P01)"},
+		{name: "undefined table", err: pgErr("42P01"), text: "durable: op: the schema lacks a table or column of this build: run durable.Migrate: pgx wrapping: ERROR: m (SQLSTATE 42P01)"},
+		{name: "undefined column", err: pgErr("42703"), text: "durable: op: the schema lacks a table or column of this build: run durable.Migrate: pgx wrapping: ERROR: m (SQLSTATE 42703)"},
 		{name: "deadline", err: fmt.Errorf("timeout: %w", context.DeadlineExceeded), cause: context.DeadlineExceeded, text: "durable: op: timeout: context deadline exceeded"},
 	}
 	sentinels := []error{idem.ErrNotFound, idem.ErrInvalid, idem.ErrExists, idem.ErrNotOwner, idem.ErrCompleted}

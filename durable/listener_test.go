@@ -43,16 +43,6 @@ func channelOf(table string) string {
 	return "idem_" + hex.EncodeToString(sum[:8])
 }
 
-func drain(ch <-chan struct{}) {
-	for {
-		select {
-		case <-ch:
-		default:
-			return
-		}
-	}
-}
-
 // newListener starts a Listener; it listens when NewListener returns.
 func newListener(t *testing.T, b *bundle) *durable.Listener {
 	t.Helper()

@@ -2,6 +2,7 @@ package durable_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/testdb"
 )
 
 func TestClaim(t *testing.T) {
@@ -718,4 +720,14 @@ func TestRecordTTL(t *testing.T) {
 	require.False(t, claimed)
 	require.LessOrEqual(t, lost.TTL, 20*time.Minute+time.Second)
 	require.Greater(t, lost.TTL, 19*time.Minute)
+}
+
+// A store on a schema that was never migrated says what to run.
+func TestUnmigratedSchemaNamesMigrate(t *testing.T) {
+	pool := testdb.Pool(t)
+	store, err := durable.New(pool, &durable.Config{Schema: "idem_never_migrated_" + strings.ToLower(rand.Text())})
+	require.NoError(t, err)
+	_, _, err = store.Claim(t.Context(), params(t, "user-1", "k", "{}"))
+	require.ErrorContains(t, err, "durable: claim: the schema lacks a table or column of this build: run durable.Migrate: ")
+	require.ErrorContains(t, err, "SQLSTATE 42P01")
 }

@@ -2,8 +2,6 @@ package durable_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -29,8 +27,6 @@ SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), 201
 FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 	require.NoError(t, err)
 }
-
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // sweepReport is one call of OnSweep.
 type sweepReport struct {

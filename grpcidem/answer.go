@@ -119,7 +119,7 @@ func replay(a idem.Response) (resp any, rpcErr error, err error) {
 		return nil, status.FromProto(&st).Err(), nil
 	}
 	if name == "" || !name.IsValid() {
-		return nil, nil, fmt.Errorf("grpcidem: stored answer has no valid %s header (status %d); settle gRPC keys with grpcidem.Answer", headerType, a.Status)
+		return nil, nil, fmt.Errorf("grpcidem: stored answer of status %d is not in Answer's form (no valid %s header): store gRPC answers with grpcidem.Answer, or render others with WithRender", a.Status, headerType)
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(name)
 	if err != nil {

@@ -2,8 +2,10 @@
 // a call runs at most once per (scope, idempotency key), and every retry is
 // answered with the stored result.
 //
-// It is a module of its own (github.com/idemguard/idem/grpcidem), so that
-// google.golang.org/grpc never reaches the build of a net/http user of idem.
+// It is a module of its own, so that google.golang.org/grpc never reaches
+// the build of a net/http user of idem:
+//
+//	go get github.com/idemguard/idem/grpcidem
 //
 //	guard, _ := idem.New(store, nil)
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
@@ -38,7 +40,7 @@
 //	PostgreSQL unreachable: the handler did not    Unavailable         SERVICE_UNAVAILABLE, RetryInfo 2s
 //	  run, retry with the same key
 //	Request cannot be fingerprinted, stored        Internal            (none; the cause is logged)
-//	  answer cannot be decoded
+//	  answer cannot be read (see below)
 //
 // The refusals are decided by idem.Classify, as the HTTP middleware's are;
 // the code follows the kind of refusal. The RetryInfo delays are the
@@ -86,11 +88,11 @@
 //	AlreadyExists                                   409      stored
 //	ResourceExhausted (rate limited)                429      released     runs again
 //	Unimplemented (nothing ran)                     -        released     runs again
-//	Internal, Unknown, Unavailable, Aborted,        -        in progress  Aborted until settled,
+//	Internal, Unknown, Unavailable, Aborted,        -        in progress  Aborted until settled
 //	  DeadlineExceeded, Canceled, DataLoss,                                or released
 //	  any error that is not a status
 //	anything, after idem.MarkRetrySafe(ctx)         -        released     runs again
-//	a message not storable: over                    -        in progress  Aborted until settled,
+//	a message not storable: over                    -        in progress  Aborted until settled
 //	  WithMaxResponseSize, or not a proto.Message                          or released
 //	a panic                                         -        in progress  (released after MarkRetrySafe)
 //
@@ -111,5 +113,16 @@
 // the outcome of a key left in progress settles it with
 //
 //	answer, err := grpcidem.Answer(&pb.PayReply{Charge: "ch_77"}, nil)
-//	err = guard.Settle(ctx, scope, key, owner, answer) // the owner token of the attempt, as listed
+//	return reconcile.Decision{Verdict: reconcile.Settled, Response: answer}, err
+//
+// and a handler that joins its answer to its own transaction passes the
+// same form to idem.Complete. Whatever the handler then returns, the caller
+// gets the committed answer, as every retry does.
+//
+// A service that serves a key's answer over HTTP and gRPC alike may keep it
+// in one form of its own (an HTTP status with a JSON body, say), since a
+// reconcile.Item does not say which transport claimed the key:
+// WithRender's RenderFunc turns such an answer into the reply of the
+// method called, on every call that gets it. A stored answer that is in
+// neither form is codes.Internal, and its key keeps it until it expires.
 package grpcidem

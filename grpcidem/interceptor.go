@@ -3,6 +3,7 @@ package grpcidem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemguard/idem"
 )
@@ -76,6 +78,24 @@ func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { i
 // waiting.
 func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
 
+// RenderFunc turns a stored answer that is not in Answer's form into the
+// result of a call to fullMethod, as its handler would have returned it: a
+// response message, or an error whose gRPC code is a final answer (see
+// Answer). Such answers are those a service keeps in one form for every
+// transport: what a reconcile.ResolveFunc settles a key with, or what a
+// handler passes to idem.Complete, for example an HTTP status with a JSON
+// body. Any other result (an error that is not a status, a code that is
+// not final, a response that is not a proto.Message) means the answer
+// cannot be rendered: the call gets codes.Internal and the cause is logged.
+// It is called on every call that gets such an answer, from many
+// goroutines at once.
+type RenderFunc func(fullMethod string, stored idem.Response) (resp any, err error)
+
+// WithRender sets how a stored answer that is not in Answer's form is sent
+// (see RenderFunc). Answers in Answer's form are always sent as they are
+// stored. Defaults to nil: such an answer gets codes.Internal.
+func WithRender(fn RenderFunc) Option { return func(ic *interceptor) { ic.render = fn } }
+
 type interceptor struct {
 	g           *idem.Guard
 	scope       ScopeFunc
@@ -88,6 +108,7 @@ type interceptor struct {
 	log         *slog.Logger
 	wait        time.Duration
 	doOpts      []idem.DoOption // built once from wait
+	render      RenderFunc
 }
 
 // UnaryServerInterceptor returns a gRPC unary server interceptor that runs
@@ -109,8 +130,11 @@ type interceptor struct {
 // (InvalidArgument, NotFound, ...) is stored and replayed, with the response
 // header "idempotent-replayed: true"; ResourceExhausted and Unimplemented
 // release the key; any other code leaves the key in progress, so retries get
-// codes.Aborted until it is settled (idem.Guard.Settle with Answer),
-// released, or expires. The first call always gets the handler's own result.
+// codes.Aborted until it is settled (idem.Guard.Settle, a reconciler) or
+// released. The first call gets the handler's own result, unless the
+// handler stored another answer with idem.Complete: then it gets the stored
+// one, as every retry does. A stored answer in Answer's form is sent as
+// stored; any other is rendered by WithRender's RenderFunc.
 //
 // Refusals carry a google.rpc.ErrorInfo detail (ErrorDomain, a Reason*
 // constant): Aborted while the key is in progress (REQUEST_IN_PROGRESS,
@@ -187,12 +211,23 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 
 	var out any
 	var herr error
+	var own idem.Response // the stored form of the handler's result, when it has one
 	stored, outcome, err := ic.g.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
 		out, herr = handler(wctx, req)
-		return disposition(out, herr, ic.maxResp)
+		var derr error
+		own, derr = disposition(out, herr, ic.maxResp)
+		return own, derr
 	}, ic.doOpts...)
 	switch outcome {
-	case idem.OutcomeExecuted, idem.OutcomeExecutedReleased:
+	case idem.OutcomeExecuted:
+		if stored.Equal(own) {
+			return out, herr
+		}
+		// The key took another answer than the handler returned: the one
+		// the handler committed through idem.Complete. The caller gets what
+		// every retry gets.
+		return ic.send(ctx, info.FullMethod, r, stored, false)
+	case idem.OutcomeExecutedReleased:
 		return out, herr
 	case idem.OutcomeExecutedUnstored:
 		if err != nil && !errors.Is(err, errNotFinal) {
@@ -203,14 +238,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		}
 		return out, herr
 	case idem.OutcomeReplayed:
-		resp, rpcErr, rerr := replay(stored)
-		if rerr != nil {
-			ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: stored answer cannot be decoded",
-				slog.String("method", info.FullMethod), slog.String("key_hash", idem.KeyHash(scope, key)), slog.Any("error", rerr))
-			return nil, status.Error(codes.Internal, "The stored answer to this request could not be read.")
-		}
-		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true")) // fails only outside a server call
-		return resp, rpcErr
+		return ic.send(ctx, info.FullMethod, r, stored, true)
 	}
 	// Refused: the handler did not run.
 	if re := (*idem.RequestError)(nil); errors.As(err, &re) && re.Field == "Scope" {
@@ -219,6 +247,40 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		ic.log.LogAttrs(ctx, slog.LevelWarn, "grpcidem: ScopeFunc returned an unusable scope", slog.String("reason", re.Reason))
 	}
 	return nil, ic.refuse(ctx, info.FullMethod, outcome, err)
+}
+
+// send returns the result a stored answer stands for: decoded when it is in
+// Answer's form, else rendered by the RenderFunc, with the replayed header
+// when it replays an earlier execution's. An answer neither can read is
+// codes.Internal, its cause logged.
+func (ic *interceptor) send(ctx context.Context, method string, r idem.Request, a idem.Response, replayed bool) (any, error) {
+	resp, rpcErr, err := ic.decode(method, a)
+	if err != nil {
+		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: stored answer cannot be read",
+			slog.String("method", method), slog.String("key_hash", idem.KeyHash(r.Scope, r.Key)), slog.Any("error", err))
+		return nil, status.Error(codes.Internal, "The stored answer to this request could not be read.")
+	}
+	if replayed {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true")) // fails only outside a server call
+	}
+	return resp, rpcErr
+}
+
+// decode turns a stored answer back into the handler's result (see replay),
+// through the RenderFunc when it is not in Answer's form.
+func (ic *interceptor) decode(method string, a idem.Response) (resp any, rpcErr error, err error) {
+	if ic.render == nil || a.Header.Get(headerType) != "" {
+		return replay(a)
+	}
+	resp, rpcErr = ic.render(method, a)
+	code := status.Code(rpcErr)
+	if _, final := finalStatus[code]; !final {
+		return nil, nil, fmt.Errorf("grpcidem: WithRender rendered a stored answer of status %d as code %s, not a final answer: %v", a.Status, code, rpcErr)
+	}
+	if m, ok := resp.(proto.Message); code == codes.OK && (!ok || resp == nil || !m.ProtoReflect().IsValid()) {
+		return nil, nil, fmt.Errorf("grpcidem: WithRender rendered a stored answer of status %d as %T, not a non-nil proto.Message", a.Status, resp)
+	}
+	return resp, rpcErr, nil
 }
 
 // refuse returns the status of the refusal that idem.Classify makes of
@@ -245,8 +307,10 @@ func (ic *interceptor) refuse(ctx context.Context, method string, outcome idem.O
 		if cerr := ctx.Err(); cerr != nil {
 			return status.FromContextError(cerr).Err()
 		}
-		ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
-			slog.String("method", method), slog.Any("error", err))
+		if !errors.Is(err, idem.ErrUnavailable) { // the Guard logs those
+			ic.log.LogAttrs(ctx, slog.LevelError, "grpcidem: request refused, store unavailable",
+				slog.String("method", method), slog.Any("error", err))
+		}
 	}
 	return refusal(r.code, r.reason, r.msg, d.RetryAfter, meta)
 }

@@ -148,7 +148,10 @@ type Item struct {
 // Decision is a [ResolveFunc]'s answer. The zero Decision is Unknown.
 type Decision struct {
 	Verdict Verdict
-	// Response is the final answer, for Settled only.
+	// Response is the final answer, for Settled only, in the form the
+	// key's transport replays: the HTTP middleware sends it as it is;
+	// grpcidem's interceptor sends the form grpcidem.Answer gives, and any
+	// other through its WithRender.
 	Response idem.Response
 }
 

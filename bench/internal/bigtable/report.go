@@ -71,15 +71,6 @@ func count(n int64) string {
 	}
 }
 
-func (rep *Report) setting(name string) string {
-	for _, s := range rep.Settings {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	return "?"
-}
-
 // Markdown writes the report.
 func (rep *Report) Markdown(w io.Writer) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }

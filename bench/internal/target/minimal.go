@@ -77,14 +77,14 @@ func createMinimalTable(ctx context.Context, env *Env) error {
 type minimal struct {
 	env     *Env
 	hybrid  bool
-	work    time.Duration
+	work    func(context.Context) error
 	sql     minimalStatements
 	headers []byte
 	prefix  string
 	tokens  atomic.Uint64
 }
 
-func newMinimal(env *Env, strategy string, work time.Duration) (Target, error) {
+func newMinimal(env *Env, strategy string, work func(context.Context) error) (Target, error) {
 	if strategy != Table && strategy != Hybrid {
 		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
 	}
@@ -122,7 +122,7 @@ func (m *minimal) doTable(ctx context.Context, req idem.Request) (string, error)
 	if !r.found {
 		return m.get(ctx, req)
 	}
-	if err := sleepWork(ctx, m.work); err != nil {
+	if err := m.work(ctx); err != nil {
 		return "", err
 	}
 	_, err = m.env.PGStatements.Exec(context.WithoutCancel(ctx), m.sql.complete, req.Scope, req.Key, owner[:],

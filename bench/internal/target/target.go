@@ -53,6 +53,12 @@ type Target interface {
 // New returns the target of strategy (Table or Hybrid) and impl (Guard,
 // Ceiling or Minimal) on env, whose work takes work.
 func New(env *Env, strategy, impl string, work time.Duration) (Target, error) {
+	return newTarget(env, strategy, impl, func(ctx context.Context) error { return sleepWork(ctx, work) })
+}
+
+// newTarget is New with the work a function: it runs after the claim and
+// before the answer, and its error fails the request.
+func newTarget(env *Env, strategy, impl string, work func(context.Context) error) (Target, error) {
 	switch impl {
 	case Guard:
 		return newGuard(env, strategy, work)
@@ -83,13 +89,13 @@ type guardTarget struct {
 	work idem.Work
 }
 
-func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
+func newGuard(env *Env, strategy string, work func(context.Context) error) (Target, error) {
 	g, err := NewGuard(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy, false)
 	if err != nil {
 		return nil, err
 	}
 	return &guardTarget{g: g, work: func(ctx context.Context) (idem.Response, error) {
-		if err := sleepWork(ctx, work); err != nil {
+		if err := work(ctx); err != nil {
 			return idem.Response{}, err
 		}
 		return idem.Response{Status: http.StatusCreated, Header: answerHeader, Body: answerBody}, nil
@@ -171,14 +177,14 @@ type ceiling struct {
 	env     *Env
 	hybrid  bool
 	locker  *lock.Locker // hybrid only
-	work    time.Duration
+	work    func(context.Context) error
 	sql     statements
 	headers []byte // as the store writes them (JSON)
 	copy    func(idem.Fingerprint) []byte
 	tokens  atomic.Uint64
 }
 
-func newCeiling(env *Env, strategy string, work time.Duration) (Target, error) {
+func newCeiling(env *Env, strategy string, work func(context.Context) error) (Target, error) {
 	if strategy != Table && strategy != Hybrid {
 		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
 	}
@@ -323,7 +329,7 @@ func (c *ceiling) doTable(ctx context.Context, req idem.Request, lease *lock.Lea
 		}
 		return out, nil
 	}
-	if err := sleepWork(ctx, c.work); err != nil {
+	if err := c.work(ctx); err != nil {
 		return "", err
 	}
 	_, err = c.env.PGStatements.Exec(context.WithoutCancel(ctx), c.sql.complete, req.Scope, req.Key, owner[:],

@@ -1,0 +1,15 @@
+package reconcile_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/idemguard/idem/internal/testdb"
+)
+
+// TestMain skips the examples that need PostgreSQL when it does not answer,
+// as the tests skip (under CI=true both fail instead).
+func TestMain(m *testing.M) {
+	testdb.SkipExamples("ExampleNew", "ExampleReconciler_RunOnce")
+	os.Exit(m.Run())
+}
