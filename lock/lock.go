@@ -282,6 +282,22 @@ func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answere
 	})
 }
 
+// Shutdown stops the Locker and sends what it has queued: every call made
+// once Shutdown has begun fails with ErrUnavailable without reaching Redis
+// (a Set's callback is told so before Set returns), and Shutdown returns
+// once every command given before has been answered, the writes of Set
+// included, or when ctx ends first, with an error wrapping ctx.Err(); the
+// commands still queued then go out as usual, while the client lasts. Call
+// it before closing the Redis client, whose closed connections would
+// otherwise fail the writes still queued. It is safe to call more than once
+// and concurrently with any other method.
+func (l *Locker) Shutdown(ctx context.Context) error {
+	if err := l.pipe.shutdown(ctx); err != nil {
+		return fmt.Errorf("lock: shutdown: %w", err)
+	}
+	return nil
+}
+
 // Delete removes the lease of (scope, key), whoever holds it. Deleting a key
 // that holds no lease is not an error.
 func (l *Locker) Delete(ctx context.Context, scope, key string) error {

@@ -35,8 +35,10 @@ type pipeline struct {
 	scripts []*redis.Script // loaded again when Redis has lost them
 
 	mu      sync.Mutex
-	busy    bool    // an exchange is out: newcomers queue
-	pending []*call // queued, in arrival order
+	busy    bool          // an exchange is out: newcomers queue
+	pending []*call       // queued, in arrival order
+	closed  bool          // shut down: newcomers are refused
+	idle    chan struct{} // closed when busy turns false, for shutdown
 }
 
 // call is one caller's command, or commands. queue adds them to c, a client
@@ -60,6 +62,9 @@ type call struct {
 	expires, giveUp time.Time
 }
 
+// errShutDown answers a call made once the Locker has been shut down.
+var errShutDown = errors.New("the Locker is shut down")
+
 // errNotSent answers a call queued with later that waited its Timeout behind
 // exchanges that did not return.
 var errNotSent = errors.New("not sent within the timeout: the exchanges before it did not return")
@@ -70,6 +75,10 @@ var errNotSent = errors.New("not sent within the timeout: the exchanges before i
 func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, redis.Cmdable) redis.Cmder) (redis.Cmder, error) {
 	c := &call{ctx: ctx, n: n, queue: queue}
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errShutDown
+	}
 	if !p.busy {
 		p.busy = true
 		p.mu.Unlock()
@@ -93,6 +102,12 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 // after it, from a goroutine of the pipeline's own when none is out.
 func (p *pipeline) later(c *call) {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.err = errShutDown
+		c.finish()
+		return
+	}
 	p.pending = append(p.pending, c)
 	if p.busy {
 		p.mu.Unlock()
@@ -117,6 +132,10 @@ func (p *pipeline) take() []*call {
 	defer p.mu.Unlock()
 	if len(p.pending) == 0 {
 		p.busy = false
+		if p.idle != nil {
+			close(p.idle)
+			p.idle = nil
+		}
 		return nil
 	}
 	n := min(len(p.pending), maxBatch)
@@ -126,6 +145,29 @@ func (p *pipeline) take() []*call {
 		p.pending = nil
 	}
 	return batch
+}
+
+// shutdown refuses every command from now on and waits until those given
+// before have been answered (sent, or dropped as their callers or their
+// deadlines say), or ctx ends.
+func (p *pipeline) shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	if !p.busy {
+		p.mu.Unlock()
+		return nil
+	}
+	if p.idle == nil {
+		p.idle = make(chan struct{})
+	}
+	idle := p.idle
+	p.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (p *pipeline) drain(batch []*call) {

@@ -341,3 +341,65 @@ func TestPipelineQueuedCommandKeepsItsTimeout(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// Shutdown refuses every later call without reaching Redis and returns once
+// the writes queued before it have been answered: none is lost.
+func TestPipelineShutdownSendsQueuedWrites(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			g := newGate()
+			c.AddHook(g)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			first := make(chan error, 1)
+			go func() { first <- l.Delete(ctx, "u", "held") }()
+			<-g.held
+			const n = 32
+			answered := make(chan error, n)
+			for i := range n {
+				l.Set("u", fmt.Sprint("k", i), []byte("copy"), time.Minute, func(err error) { answered <- err })
+			}
+			done := make(chan error, 1)
+			go func() { done <- l.Shutdown(ctx) }()
+			require.Eventually(t, func() bool {
+				l.pipe.mu.Lock()
+				defer l.pipe.mu.Unlock()
+				return l.pipe.closed
+			}, 10*time.Second, time.Millisecond)
+
+			_, _, err = l.Obtain(ctx, "u", "after", nil)
+			require.ErrorIs(t, err, ErrUnavailable)
+			require.ErrorIs(t, err, errShutDown)
+			refused := make(chan error, 1)
+			l.Set("u", "after", []byte("copy"), time.Minute, func(err error) { refused <- err })
+			require.ErrorIs(t, <-refused, errShutDown, "answered before Set returned")
+			require.Equal(t, n, l.pipe.queued())
+			select {
+			case err := <-done:
+				t.Fatalf("Shutdown returned (%v) with %d writes queued", err, n)
+			default:
+			}
+
+			close(g.release)
+			require.NoError(t, <-done)
+			require.NoError(t, <-first)
+			for range n {
+				require.NoError(t, <-answered)
+			}
+			require.NoError(t, l.Shutdown(ctx), "a second Shutdown")
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = l.Key("u", fmt.Sprint("k", i))
+			}
+			in, err := c.Exists(ctx, keys...).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, n, in, "every queued write is in Redis")
+			in, err = c.Exists(ctx, l.Key("u", "after")).Result()
+			require.NoError(t, err)
+			require.Zero(t, in, "nothing reached Redis after Shutdown")
+		})
+	}
+}
