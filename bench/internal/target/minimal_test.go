@@ -42,11 +42,12 @@ func TestMinimalAgrees(t *testing.T) {
 				require.NoError(t, err)
 				out, err := tg.Do(ctx, r)
 				require.NoError(t, err)
+				own := settle(t, tg)
 				after, err := env.Snapshot(ctx, tg.Table())
 				require.NoError(t, err)
 				d, err := env.Since(ctx, before, after)
 				require.NoError(t, err)
-				costs[i] = append(costs[i], cost{out, d.PGStatements, d.TupleWrites, d.RedisClient})
+				costs[i] = append(costs[i], cost{out, d.PGStatements, d.TupleWrites, d.RedisClient - own})
 				return out
 			}
 			req := idem.Request{Scope: "user-1", Key: "a-" + strategy, Fingerprint: sha256.Sum256([]byte("a"))}

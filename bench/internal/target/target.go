@@ -79,16 +79,17 @@ func sleepWork(ctx context.Context, d time.Duration) error {
 }
 
 type guardTarget struct {
-	g    *idem.Guard
-	work idem.Work
+	g      *idem.Guard
+	locker *lock.Locker // hybrid only: the guard's
+	work   idem.Work
 }
 
 func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
-	g, err := NewGuard(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy, false)
+	g, l, err := newGuardLocker(env.PGStatements, env.Redis, env.Schema, env.Prefix, strategy, false)
 	if err != nil {
 		return nil, err
 	}
-	return &guardTarget{g: g, work: func(ctx context.Context) (idem.Response, error) {
+	return &guardTarget{g: g, locker: l, work: func(ctx context.Context) (idem.Response, error) {
 		if err := sleepWork(ctx, work); err != nil {
 			return idem.Response{}, err
 		}
@@ -102,25 +103,33 @@ func newGuard(env *Env, strategy string, work time.Duration) (Target, error) {
 // set to syncAnswers), its Redis lease (hybrid) under prefix + "guard:"
 // through rdb, and no logging.
 func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, syncAnswers bool) (*idem.Guard, error) {
+	g, _, err := newGuardLocker(db, rdb, schema, prefix, strategy, syncAnswers)
+	return g, err
+}
+
+// newGuardLocker is NewGuard that also returns the guard's Locker (nil for
+// the table strategy).
+func newGuardLocker(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, syncAnswers bool) (*idem.Guard, *lock.Locker, error) {
 	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable, SynchronousAnswers: syncAnswers})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Store failures are counted as errors by the bench; the guard's log
 	// lines would only garble the progress output.
 	cfg := &idem.Config{Logger: slog.New(slog.DiscardHandler)}
+	var l *lock.Locker
 	switch strategy {
 	case Table:
 	case Hybrid:
-		l, err := lock.New(rdb, &lock.Config{Prefix: prefix + "guard:"})
-		if err != nil {
-			return nil, err
+		if l, err = lock.New(rdb, &lock.Config{Prefix: prefix + "guard:"}); err != nil {
+			return nil, nil, err
 		}
 		cfg.Lock = l
 	default:
-		return nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
+		return nil, nil, fmt.Errorf("unknown strategy %q (want table or hybrid)", strategy)
 	}
-	return idem.New(store, cfg)
+	g, err := idem.New(store, cfg)
+	return g, l, err
 }
 
 // Handler is the guarded work served over HTTP, for the guard's middleware:
