@@ -135,8 +135,8 @@ func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, 
 // counted on the local monotonic clock (see Record.TTL). It does not wait for
 // Redis: the copy goes out with the Locker's next exchange, before any later
 // command of this Guard's, so that this Guard's next request for the key
-// finds it; another instance's request may still find the earlier state for
-// that one exchange (a 409 where the copy would replay). A lost copy only
+// finds it; another instance's request may still find the earlier state
+// until the copy lands (a 409 where the copy would replay). A lost copy only
 // sends replays to PostgreSQL.
 func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a Response, expires time.Time) {
 	ttl := min(time.Until(expires), leaseAnswerTTL)

@@ -169,7 +169,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 		refresh: redis.NewScript(refreshSrc),
 		ttl:     redis.NewScript(ttlSrc),
 	}
-	l.pipe = &pipeline{client: client, timeout: c.Timeout, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
 	return l, nil
 }
 
@@ -248,12 +248,14 @@ func stateOf(v string) []byte {
 // source of truth (idem writes the copy of an answer stored in PostgreSQL).
 //
 // Set does not wait for Redis: the write goes out with the Locker's next
-// exchange, at once when none is out, and every call made through the
-// Locker after Set returns reaches Redis after it. The ttl counts from the
-// call: a write still queued when it has run out is dropped. answered, when
-// not nil, is called once with the write's error (nil when it was written
-// or dropped), from a goroutine of the Locker's or, for a ttl below 1ms,
-// before Set returns; it must not block. The write is bounded by the
+// exchange (the next call's or, when none is out and no call comes within
+// a millisecond, its own), and every call made through the Locker after Set
+// returns reaches Redis after it. The ttl counts from the call: a write
+// still queued when it has run out is dropped. answered, when not nil, is
+// called once with the write's error (nil when it was written or dropped),
+// from a goroutine of the Locker's or of the caller whose exchange it rode
+// with, or, for a ttl below 1ms and after Shutdown, before Set returns; it
+// must not block. The write is bounded by the
 // Locker's Timeout, and so is its wait behind earlier exchanges: a write not
 // sent within it is dropped and reported as ErrUnavailable.
 func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answered func(error)) {
