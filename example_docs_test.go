@@ -277,6 +277,15 @@ func ExampleNew_hybrid() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// At exit, before the deferred rdb.Close: send the answers' copies
+	// still queued for Redis.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := guard.Shutdown(sctx); err != nil {
+			log.Print(err)
+		}
+	}()
 
 	req := idem.Request{Scope: "user-42", Key: "k1", Fingerprint: idem.HashParts([]byte("pay"))}
 	work := func(ctx context.Context) (idem.Response, error) { return idem.Response{Status: 201}, nil }

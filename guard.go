@@ -70,6 +70,10 @@ type Locker interface {
 	Set(scope, key string, state []byte, ttl time.Duration, answered func(error))
 	// Delete removes the lease of (scope, key), whoever holds it.
 	Delete(ctx context.Context, scope, key string) error
+	// Shutdown refuses every call from now on and returns once the calls
+	// made before have been answered, the writes of Set included, or ctx
+	// has ended, with an error wrapping ctx.Err().
+	Shutdown(ctx context.Context) error
 }
 
 // Waiter wakes a request that waits for a key's answer instead of being
@@ -174,6 +178,7 @@ type Guard struct {
 	waiting      atomic.Int64
 	redis        redisBreaker // hybrid: a recent failure of the lease service
 	repeats      repeatLog    // which store failures are logged
+	stopped      atomic.Bool  // hybrid: Shutdown has begun, the lease is left alone
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every

@@ -21,7 +21,7 @@ import (
 // second (redisBreaker): a stalled Redis then costs one request per second its
 // timeout, not every request.
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
-	if !g.redis.allow() {
+	if g.stopped.Load() || !g.redis.allow() {
 		g.tel.add(ctx, evFallback)
 		return g.claimAndRun(ctx, req, work, nil)
 	}
@@ -135,12 +135,12 @@ func (g *Guard) leaseFromRow(ctx context.Context, req Request, lease leaseFunc, 
 // counted on the local monotonic clock (see Record.TTL). It does not wait for
 // Redis: the copy goes out with the Locker's next exchange, before any later
 // command of this Guard's, so that this Guard's next request for the key
-// finds it; another instance's request may still find the earlier state for
-// that one exchange (a 409 where the copy would replay). A lost copy only
+// finds it; another instance's request may still find the earlier state
+// until the copy lands (a 409 where the copy would replay). A lost copy only
 // sends replays to PostgreSQL.
 func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a Response, expires time.Time) {
 	ttl := min(time.Until(expires), leaseAnswerTTL)
-	if ttl < time.Millisecond || g.redis.down() {
+	if ttl < time.Millisecond || g.leaseOff() {
 		return
 	}
 	lctx := context.WithoutCancel(ctx) // for the metric and the log line, once the copy is answered
@@ -158,7 +158,7 @@ func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a R
 // dropLease deletes the lease of a key that was released, whoever holds it:
 // "nothing happened" must not be answered 409 from a stale state.
 func (g *Guard) dropLease(ctx context.Context, req Request) {
-	if g.redis.down() {
+	if g.leaseOff() {
 		return
 	}
 	g.leaseWrite(ctx, req, "delete lease", func(ctx context.Context) error {
@@ -171,6 +171,9 @@ func (g *Guard) dropLease(ctx context.Context, req Request) {
 // requests to PostgreSQL, or has them refused until the lease's TTL, so it
 // is logged and not reported.
 func (g *Guard) leaseWrite(ctx context.Context, req Request, op string, write func(context.Context) error) {
+	if g.stopped.Load() {
+		return
+	}
 	t0 := g.tel.start()
 	err := write(context.WithoutCancel(ctx))
 	g.tel.since(ctx, phaseLease, t0)
@@ -179,6 +182,32 @@ func (g *Guard) leaseWrite(ctx context.Context, req Request, op string, write fu
 		return
 	}
 	g.redis.ok()
+}
+
+// leaseOff reports whether the lease is to be left alone: Redis failed a
+// moment ago, or the Guard is shut down.
+func (g *Guard) leaseOff() bool { return g.stopped.Load() || g.redis.down() }
+
+// Shutdown ends the hybrid's use of Redis, for a clean stop: requests from
+// now on claim their row without a lease (counted as fallback, not logged),
+// as after a Redis failure, and Shutdown returns once what the lease
+// service had queued has been sent and answered (the answers' copies, which
+// no request waits for), or ctx has ended first, with an error wrapping
+// ctx.Err(). Call it once the server has stopped taking requests
+// (http.Server.Shutdown has returned) and before closing the Redis client:
+// a request still running keeps its answer in PostgreSQL but writes no copy
+// (its retries elsewhere are refused 409 for up to 5 s, then read the row).
+// It is safe to call more than once and concurrently with Do; on the table
+// strategy it does nothing.
+func (g *Guard) Shutdown(ctx context.Context) error {
+	if g.lock == nil {
+		return nil
+	}
+	g.stopped.Store(true)
+	if err := g.lock.Shutdown(ctx); err != nil {
+		return fmt.Errorf("idem: %w", err) // err names the lock's op
+	}
+	return nil
 }
 
 func (g *Guard) redisFailed(ctx context.Context, req Request, op string, err error) {

@@ -32,6 +32,7 @@ type leaseRig struct {
 	locker *lock.Locker
 	redis  redis.UniversalClient
 	mr     *miniredis.Miniredis
+	prefix string // the Locker's key prefix
 	cfg    idem.Config
 }
 
@@ -50,9 +51,10 @@ func newLeaseRig(t *testing.T, strategy string, cfg *idem.Config, dcfg *durable.
 	switch strategy {
 	case "hybrid":
 		r.redis = testredis.Client(t)
+		r.prefix = testredis.Prefix(t, r.redis)
 		// A generous timeout: these tests assert what Redis answers, and a
 		// busy machine must not turn that into a fallback.
-		l, err := lock.New(r.redis, &lock.Config{Prefix: testredis.Prefix(t, r.redis), Timeout: 5 * time.Second})
+		l, err := lock.New(r.redis, &lock.Config{Prefix: r.prefix, Timeout: 5 * time.Second})
 		require.NoError(t, err)
 		r.locker = l
 	case "hybrid-miniredis":
@@ -614,6 +616,8 @@ func (s *stalledLocker) Delete(context.Context, string, string) error {
 	s.calls.Add(1)
 	return errors.New("i/o timeout")
 }
+
+func (s *stalledLocker) Shutdown(context.Context) error { return nil }
 
 // Once Redis has failed, the hybrid stops asking it for a while: the requests
 // that follow go straight to the table claim, and each still runs once.

@@ -169,7 +169,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 		refresh: redis.NewScript(refreshSrc),
 		ttl:     redis.NewScript(ttlSrc),
 	}
-	l.pipe = &pipeline{client: client, timeout: c.Timeout, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
 	return l, nil
 }
 
@@ -248,12 +248,14 @@ func stateOf(v string) []byte {
 // source of truth (idem writes the copy of an answer stored in PostgreSQL).
 //
 // Set does not wait for Redis: the write goes out with the Locker's next
-// exchange, at once when none is out, and every call made through the
-// Locker after Set returns reaches Redis after it. The ttl counts from the
-// call: a write still queued when it has run out is dropped. answered, when
-// not nil, is called once with the write's error (nil when it was written
-// or dropped), from a goroutine of the Locker's or, for a ttl below 1ms,
-// before Set returns; it must not block. The write is bounded by the
+// exchange (the next call's or, when none is out and no call comes within
+// a millisecond, its own), and every call made through the Locker after Set
+// returns reaches Redis after it. The ttl counts from the call: a write
+// still queued when it has run out is dropped. answered, when not nil, is
+// called once with the write's error (nil when it was written or dropped),
+// from a goroutine of the Locker's or of the caller whose exchange it rode
+// with, or, for a ttl below 1ms and after Shutdown, before Set returns; it
+// must not block. The write is bounded by the
 // Locker's Timeout, and so is its wait behind earlier exchanges: a write not
 // sent within it is dropped and reported as ErrUnavailable.
 func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answered func(error)) {
@@ -280,6 +282,22 @@ func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answere
 			answered(err)
 		},
 	})
+}
+
+// Shutdown stops the Locker and sends what it has queued: every call made
+// once Shutdown has begun fails with ErrUnavailable without reaching Redis
+// (a Set's callback is told so before Set returns), and Shutdown returns
+// once every command given before has been answered, the writes of Set
+// included, or when ctx ends first, with an error wrapping ctx.Err(); the
+// commands still queued then go out as usual, while the client lasts. Call
+// it before closing the Redis client, whose closed connections would
+// otherwise fail the writes still queued. It is safe to call more than once
+// and concurrently with any other method.
+func (l *Locker) Shutdown(ctx context.Context) error {
+	if err := l.pipe.shutdown(ctx); err != nil {
+		return fmt.Errorf("lock: shutdown: %w", err)
+	}
+	return nil
 }
 
 // Delete removes the lease of (scope, key), whoever holds it. Deleting a key

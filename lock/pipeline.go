@@ -13,8 +13,11 @@ import (
 const maxBatch = 256
 
 // pipeline sends a Locker's commands, at most one exchange with Redis at a
-// time. A command that finds nothing in flight goes out at once, as a plain
-// command: one caller alone pays exactly what go-redis would. Commands that
+// time. A command that finds nothing in flight goes out at once from its
+// caller's goroutine, as a plain command or with the writes of later that
+// wait for an exchange to ride with (a copy rides with the next request's
+// lease instead of costing an exchange, a goroutine and wake-ups of its
+// own): one caller alone pays one round trip per command. Commands that
 // arrive while an exchange is out queue, and go together as one pipeline
 // when it returns, in the order they arrived, as a database groups the
 // commits that queue behind a flush. Under load this is most of what the
@@ -25,7 +28,8 @@ const maxBatch = 256
 // Each caller waits for its own command at most until its context ends; a
 // command whose caller has gone by the time its batch is sent is not sent.
 // A command queued with later has no caller waiting: it goes with the next
-// exchange, and its callback learns how it went.
+// exchange (its own after defaultLinger when none is out and none comes),
+// and its callback learns how it went.
 // A pipeline's exchange is bounded by the Locker's Timeout and runs under a
 // context of its own: the values of its callers' contexts (a trace span, say)
 // reach go-redis's hooks only for a command sent alone.
@@ -35,8 +39,12 @@ type pipeline struct {
 	scripts []*redis.Script // loaded again when Redis has lost them
 
 	mu      sync.Mutex
-	busy    bool    // an exchange is out: newcomers queue
-	pending []*call // queued, in arrival order
+	busy    bool          // an exchange is out: newcomers queue
+	pending []*call       // queued, in arrival order
+	closed  bool          // shut down: newcomers are refused
+	idle    chan struct{} // closed when busy turns false, for shutdown
+	linger  time.Duration // defaultLinger; longer in tests
+	timer   *time.Timer   // sends the writes queued while idle, after linger
 }
 
 // call is one caller's command, or commands. queue adds them to c, a client
@@ -60,6 +68,9 @@ type call struct {
 	expires, giveUp time.Time
 }
 
+// errShutDown answers a call made once the Locker has been shut down.
+var errShutDown = errors.New("the Locker is shut down")
+
 // errNotSent answers a call queued with later that waited its Timeout behind
 // exchanges that did not return.
 var errNotSent = errors.New("not sent within the timeout: the exchanges before it did not return")
@@ -70,10 +81,27 @@ var errNotSent = errors.New("not sent within the timeout: the exchanges before i
 func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, redis.Cmdable) redis.Cmder) (redis.Cmder, error) {
 	c := &call{ctx: ctx, n: n, queue: queue}
 	p.mu.Lock()
-	if !p.busy {
-		p.busy = true
+	if p.closed {
 		p.mu.Unlock()
-		p.send(ctx, []*call{c})
+		return nil, errShutDown
+	}
+	if !p.busy {
+		// Nothing is out: c goes at once from this goroutine, behind the
+		// writes that wait for an exchange to ride with.
+		p.busy = true
+		n := min(len(p.pending), maxBatch-1)
+		riders := p.pending[:n:n]
+		p.pending = p.pending[n:]
+		if p.timer != nil && len(riders) > 0 {
+			p.timer.Stop() // if it fires all the same, it finds nothing to send
+		}
+		p.mu.Unlock()
+		if len(riders) == 0 {
+			p.send(ctx, []*call{c})
+			p.next()
+			return c.cmd, c.err
+		}
+		p.carry(ctx, riders, c)
 		p.next()
 		return c.cmd, c.err
 	}
@@ -88,19 +116,73 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 	}
 }
 
+// defaultLinger is how long a write queued with later while nothing is out waits
+// for another command's exchange to ride with before it goes alone: about
+// the time between two requests of one caller, so that one caller's
+// requests share each exchange with the previous one's copy.
+const defaultLinger = time.Millisecond
+
 // later queues c without waiting for it: it goes out with the next exchange,
 // after every command queued before it and before every command queued
-// after it, from a goroutine of the pipeline's own when none is out.
+// after it. When none is out, the next exchange is the next command's, or,
+// if none comes within linger, its own, from a goroutine of the pipeline's.
 func (p *pipeline) later(c *call) {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.err = errShutDown
+		c.finish()
+		return
+	}
 	p.pending = append(p.pending, c)
-	if p.busy {
+	if !p.busy && len(p.pending) == 1 {
+		if p.timer == nil {
+			p.timer = time.AfterFunc(p.linger, p.flush)
+		} else {
+			p.timer.Reset(p.linger)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// flush sends the writes that waited linger with nothing out.
+func (p *pipeline) flush() {
+	p.mu.Lock()
+	if p.busy || len(p.pending) == 0 { // an exchange took them
 		p.mu.Unlock()
 		return
 	}
 	p.busy = true
 	p.mu.Unlock()
-	go p.drain(p.take())
+	p.drain(p.take())
+}
+
+// carry sends c with the writes that waited for an exchange (riders), in
+// one round trip under c's context, from c's caller's goroutine. Should that
+// context end first, the riders go again with the next exchange, ahead of
+// what was queued since: an exchange its caller left is not the writes'
+// failure, and sending a write twice writes the same value.
+func (p *pipeline) carry(ctx context.Context, riders []*call, c *call) {
+	live := p.live(riders)
+	p.send(ctx, append(live, c))
+	if ctx.Err() == nil {
+		for _, r := range live {
+			r.finish()
+		}
+		return
+	}
+	again := live[:0]
+	for _, r := range live {
+		if r.err == nil {
+			r.finish()
+			continue
+		}
+		r.cmd, r.err = nil, nil
+		again = append(again, r)
+	}
+	p.mu.Lock()
+	p.pending = append(again, p.pending...)
+	p.mu.Unlock()
 }
 
 // next ends an exchange: the commands that queued meanwhile go out from a
@@ -117,6 +199,10 @@ func (p *pipeline) take() []*call {
 	defer p.mu.Unlock()
 	if len(p.pending) == 0 {
 		p.busy = false
+		if p.idle != nil {
+			close(p.idle)
+			p.idle = nil
+		}
 		return nil
 	}
 	n := min(len(p.pending), maxBatch)
@@ -128,24 +214,61 @@ func (p *pipeline) take() []*call {
 	return batch
 }
 
+// shutdown refuses every command from now on and waits until those given
+// before have been answered (sent, or dropped as their callers or their
+// deadlines say), or ctx ends.
+func (p *pipeline) shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	if !p.busy {
+		if len(p.pending) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		p.busy = true // writes wait to ride with an exchange: send them now
+		n := min(len(p.pending), maxBatch)
+		batch := p.pending[:n:n]
+		p.pending = p.pending[n:]
+		go p.drain(batch)
+	}
+	if p.idle == nil {
+		p.idle = make(chan struct{})
+	}
+	idle := p.idle
+	p.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// live returns the calls of batch still to send, and answers the others: a
+// write past its ttl (nil) or its Timeout (errNotSent), a caller gone.
+func (p *pipeline) live(batch []*call) []*call {
+	live := batch[:0:0]
+	now := time.Now()
+	for _, c := range batch {
+		switch {
+		case c.answered != nil && c.expires.Sub(now) < time.Millisecond:
+			c.answered(nil)
+		case c.answered != nil && now.After(c.giveUp):
+			c.err = errNotSent
+			c.finish()
+		case c.ctx.Err() != nil:
+			c.err = c.ctx.Err()
+			c.finish()
+		default:
+			live = append(live, c)
+		}
+	}
+	return live
+}
+
 func (p *pipeline) drain(batch []*call) {
 	for ; batch != nil; batch = p.take() {
-		live := batch[:0:0]
-		now := time.Now()
-		for _, c := range batch {
-			switch {
-			case c.answered != nil && c.expires.Sub(now) < time.Millisecond:
-				c.answered(nil)
-			case c.answered != nil && now.After(c.giveUp):
-				c.err = errNotSent
-				c.finish()
-			case c.ctx.Err() != nil:
-				c.err = c.ctx.Err()
-				c.finish()
-			default:
-				live = append(live, c)
-			}
-		}
+		live := p.live(batch)
 		if len(live) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 			p.send(ctx, live)

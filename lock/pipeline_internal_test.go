@@ -341,3 +341,169 @@ func TestPipelineQueuedCommandKeepsItsTimeout(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// Shutdown refuses every later call without reaching Redis and returns once
+// the writes queued before it have been answered: none is lost.
+func TestPipelineShutdownSendsQueuedWrites(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			g := newGate()
+			c.AddHook(g)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			first := make(chan error, 1)
+			go func() { first <- l.Delete(ctx, "u", "held") }()
+			<-g.held
+			const n = 32
+			answered := make(chan error, n)
+			for i := range n {
+				l.Set("u", fmt.Sprint("k", i), []byte("copy"), time.Minute, func(err error) { answered <- err })
+			}
+			done := make(chan error, 1)
+			go func() { done <- l.Shutdown(ctx) }()
+			require.Eventually(t, func() bool {
+				l.pipe.mu.Lock()
+				defer l.pipe.mu.Unlock()
+				return l.pipe.closed
+			}, 10*time.Second, time.Millisecond)
+
+			_, _, err = l.Obtain(ctx, "u", "after", nil)
+			require.ErrorIs(t, err, ErrUnavailable)
+			require.ErrorIs(t, err, errShutDown)
+			refused := make(chan error, 1)
+			l.Set("u", "after", []byte("copy"), time.Minute, func(err error) { refused <- err })
+			require.ErrorIs(t, <-refused, errShutDown, "answered before Set returned")
+			require.Equal(t, n, l.pipe.queued())
+			select {
+			case err := <-done:
+				t.Fatalf("Shutdown returned (%v) with %d writes queued", err, n)
+			default:
+			}
+
+			close(g.release)
+			require.NoError(t, <-done)
+			require.NoError(t, <-first)
+			for range n {
+				require.NoError(t, <-answered)
+			}
+			require.NoError(t, l.Shutdown(ctx), "a second Shutdown")
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = l.Key("u", fmt.Sprint("k", i))
+			}
+			in, err := c.Exists(ctx, keys...).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, n, in, "every queued write is in Redis")
+			in, err = c.Exists(ctx, l.Key("u", "after")).Result()
+			require.NoError(t, err)
+			require.Zero(t, in, "nothing reached Redis after Shutdown")
+		})
+	}
+}
+
+// exchanges is a go-redis hook that records the size of every exchange, a
+// plain command as 1, but for the handshakes of the connections go-redis
+// opens (HELLO, CLIENT SETINFO), which go through the hooks too.
+type exchanges struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (e *exchanges) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (e *exchanges) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		e.add([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (e *exchanges) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		e.add(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+func (e *exchanges) add(cmds []redis.Cmder) {
+	if name := cmds[0].Name(); name == "hello" || name == "client" {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sizes = append(e.sizes, len(cmds))
+}
+
+func (e *exchanges) all() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]int(nil), e.sizes...)
+}
+
+// A write queued while nothing is out rides with the next command's
+// exchange, sent from that caller's goroutine ahead of its command; with no
+// command within the linger, it goes alone.
+func TestPipelineSetRidesWithTheNextExchange(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			l.pipe.linger = time.Hour // the test's next command always comes first
+			ctx := context.Background()
+			var ex exchanges
+			c.AddHook(&ex)
+
+			answered := make(chan error, 2)
+			l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+			l.Set("u", "k2", []byte("copy2"), time.Minute, func(err error) { answered <- err })
+			require.Empty(t, ex.all(), "the writes wait for an exchange")
+			_, state, err := l.Obtain(ctx, "u", "k", []byte("claiming"))
+			require.ErrorIs(t, err, ErrNotObtained, "the obtain went after the write it rode with")
+			require.Equal(t, []byte("copy"), state)
+			require.NoError(t, <-answered)
+			require.NoError(t, <-answered)
+			require.Equal(t, []int{4}, ex.all(), "two writes and an obtain's two commands, one exchange")
+
+			l.pipe.linger = time.Millisecond
+			require.NoError(t, setAndWait(l, "u", "alone", []byte("copy"), time.Minute))
+			require.Equal(t, []int{4, 1}, ex.all(), "with no command to ride with, the write went alone")
+			n, err := c.Exists(ctx, l.Key("u", "alone")).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+		})
+	}
+}
+
+// A write riding with a caller whose context ends during the exchange is not
+// lost with it: it goes again with the next exchange.
+func TestPipelineRiderOutlivesItsCarrier(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	l, err := New(c, &Config{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	l.pipe.linger = time.Hour
+	g := newGate()
+	c.AddHook(g)
+
+	answered := make(chan error, 1)
+	l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+	gone, cancel := context.WithCancel(context.Background())
+	obtained := make(chan error, 1)
+	go func() {
+		_, _, err := l.Obtain(gone, "u", "other", []byte("x"))
+		obtained <- err
+	}()
+	<-g.held // the obtain carries the write
+	cancel()
+	close(g.release)
+	require.ErrorIs(t, <-obtained, context.Canceled)
+	require.NoError(t, <-answered, "the write went with the next exchange")
+	waitIdle(t, l)
+	v, err := mr.Get(l.Key("u", "k"))
+	require.NoError(t, err)
+	require.Equal(t, unowned+"copy", v)
+}

@@ -94,7 +94,8 @@ func authenticate(next http.Handler) http.Handler {
 // reconciler and the sweeper in one Run, the middleware on POST /orders.
 func ExampleNew_production() {
 	defer docsEnv(context.Background())()
-	ctx, shutdown := context.WithCancel(context.Background())
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
 	defer slog.SetDefault(slog.Default()) // the example's lines are noise: restore the logger after
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	createOrder := func(w http.ResponseWriter, r *http.Request) {
@@ -149,8 +150,14 @@ func ExampleNew_production() {
 	}
 	srv.Close()
 
-	shutdown() // at shutdown: Run stops its services and returns
-	if err := <-ran; err != nil {
+	// Once the server has stopped: stop Run and send the answers' copies
+	// still queued for Redis, before the deferred rdb.Close and pool.Close.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := svc.Shutdown(sctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := <-ran; err != nil { // Run has returned
 		log.Fatal(err)
 	}
 	fmt.Println("strategy:", svc.Guard().Strategy())

@@ -114,6 +114,11 @@ type Service struct {
 	wait       time.Duration
 	hints      idem.RetryHints
 	ran        atomic.Bool
+
+	mu      sync.Mutex
+	shut    bool               // Shutdown has begun: Run starts nothing
+	stopRun context.CancelFunc // ends the Run under way, if any
+	runDone chan struct{}      // closed when that Run returns
 }
 
 // New returns a Service over pool, and over rdb (a *redis.Client,
@@ -290,6 +295,14 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
+	s.mu.Lock()
+	if s.shut {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopRun, s.runDone = stop, make(chan struct{})
+	defer close(s.runDone)
+	s.mu.Unlock()
 	var (
 		wg    sync.WaitGroup
 		once  sync.Once
@@ -310,6 +323,31 @@ func (s *Service) Run(ctx context.Context) error {
 	start("sweeper", s.sweeper.Run)
 	wg.Wait()
 	return first
+}
+
+// Shutdown stops the Service for a clean exit: it stops Run as the end of
+// its context would (a Run not started yet starts nothing) and waits for it
+// to return, so that a key the reconciler settles meanwhile gets its copy in
+// the lease; then it is Guard().Shutdown: requests claim without a lease
+// from then on, and the answers' copies still queued for Redis are sent and
+// answered. It returns once all that is done, or when ctx ends first, with
+// an error wrapping ctx.Err(). Call it once the server has stopped taking
+// requests, and before closing the Redis client and the pool. It is safe to
+// call more than once.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.shut = true
+	stop, done := s.stopRun, s.runDone
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("pgidem: shutdown: waiting for Run to return: %w", ctx.Err())
+		}
+	}
+	return s.guard.Shutdown(ctx)
 }
 
 // listen keeps a Listener behind the Guard's Waiter until ctx ends.

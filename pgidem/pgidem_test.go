@@ -424,3 +424,46 @@ func TestNewRefusesMisconfigurations(t *testing.T) {
 }
 
 func noopProvider() metric.MeterProvider { return noop.NewMeterProvider() }
+
+// TestShutdown: Shutdown stops Run and returns once the answers' copies are
+// in Redis; requests after it still run once, without the lease; a Run
+// started after it starts nothing.
+func TestShutdown(t *testing.T) {
+	forEachRedis(t, func(t *testing.T, withRedis bool) {
+		t.Parallel()
+		b := setup(t, withRedis)
+		svc, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+			return reconcile.Decision{}, nil
+		}, b.config())
+		require.NoError(t, err)
+		stopped := make(chan error, 1)
+		go func() { stopped <- svc.Run(b.ctx) }()
+		receive(t, b.results, "reconcile run")
+
+		var runs atomic.Int32
+		h := svc.Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		require.Equal(t, http.StatusCreated, post(h, "k-before").StatusCode)
+		require.NoError(t, svc.Shutdown(b.ctx))
+		require.NoError(t, receive(t, stopped, "Run's return"), "Shutdown stopped Run")
+		early, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+			return reconcile.Decision{}, nil
+		}, b.config())
+		require.NoError(t, err)
+		require.NoError(t, early.Shutdown(b.ctx))
+		require.NoError(t, early.Run(b.ctx), "a Run after Shutdown starts nothing and returns")
+		if withRedis {
+			l, err := lock.New(b.rdb, &lock.Config{Prefix: b.prefix})
+			require.NoError(t, err)
+			n, err := b.rdb.Exists(b.ctx, l.Key("user-1", "k-before")).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n, "the copy is in Redis once Shutdown returned")
+		}
+		require.Equal(t, http.StatusCreated, post(h, "k-after").StatusCode)
+		require.Equal(t, "true", post(h, "k-after").Header.Get(idem.HeaderReplayed))
+		require.EqualValues(t, 2, runs.Load())
+		require.NoError(t, svc.Shutdown(b.ctx), "a second Shutdown")
+	})
+}

@@ -415,6 +415,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	<-served // http.ErrServerClosed
+	// No request is served any more: stop the maintenance and send the
+	// answers' copies still queued for Redis, before the deferred Closes.
+	if err := svc.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
 	log.Info("checkout: stopped")
 	return nil
 }

@@ -24,7 +24,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench crossover [flags]\n\n"+
 			"Sweeps the retry share and PostgreSQL's distance for both strategies of the guard, closed loop,\n"+
-			"in interleaved rounds, and reports from which share of retries the Redis lease pays.\n\nFlags:\n")
+			"in interleaved rounds, and reports from which share of retries the Redis lease pays, and what it adds to\n"+
+			"a first execution's p50 at 1 caller.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	env := func(name, def string) string {
@@ -36,7 +37,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var (
 		dbURL     = fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
 		redisAddr = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
-		shares    = fs.String("shares", "0,0.2,0.5,0.8,0.95", "retry shares, comma-separated, each in [0, 1)")
+		shares    = fs.String("shares", "0,0.01,0.05,0.2,0.5,0.8,0.95", "retry shares, comma-separated, each in [0, 1)")
 		distances = fs.String("distances", "0,500us,2ms", "round-trip times added to PostgreSQL's (0: loopback, no proxy)")
 		rounds    = fs.Int("rounds", 3, "rounds of every share and distance")
 		runFor    = fs.Duration("run", 3*time.Second, "how long each strategy runs per share, distance and round")

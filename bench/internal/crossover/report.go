@@ -57,7 +57,7 @@ func (r *Result) Points() []Point {
 				var req, stmts, cmds int64
 				var pg, px, app, rds float64
 				for _, c := range r.Cells {
-					if c.Distance != d || c.Share != s || c.Strategy != st {
+					if c.Lone || c.Distance != d || c.Share != s || c.Strategy != st {
 						continue
 					}
 					p.MeasuredRTT = c.MeasuredRTT
@@ -104,7 +104,7 @@ func (r *Result) Ratios() []Ratio {
 		for _, s := range r.Config.Shares {
 			byRound := map[int][2]Cell{}
 			for _, c := range r.Cells {
-				if c.Distance != d || c.Share != s {
+				if c.Lone || c.Distance != d || c.Share != s {
 					continue
 				}
 				pair := byRound[c.Round]
@@ -134,6 +134,66 @@ func (r *Result) Ratios() []Ratio {
 	return out
 }
 
+// FirstP50 is the p50 of first executions at 1 caller (new keys only, a
+// handler that takes no time) at one distance: each strategy's median over the rounds, and the median of
+// the rounds' hybrid ÷ table ratios.
+type FirstP50 struct {
+	Distance      time.Duration
+	Table, Hybrid time.Duration
+	Ratio         float64
+}
+
+// FirstP50s returns the 1-caller first executions' p50 of every distance
+// that has them.
+func (r *Result) FirstP50s() []FirstP50 {
+	var out []FirstP50
+	for _, d := range r.Config.Distances {
+		byRound := map[int][2]time.Duration{}
+		for _, c := range r.Cells {
+			if !c.Lone || c.Distance != d || c.Requests == c.Errors {
+				continue
+			}
+			pair := byRound[c.Round]
+			if c.Strategy == target.Table {
+				pair[0] = c.P50
+			} else {
+				pair[1] = c.P50
+			}
+			byRound[c.Round] = pair
+		}
+		var table, hybrid, ratio []float64
+		for _, pair := range byRound {
+			if pair[0] <= 0 || pair[1] <= 0 {
+				continue
+			}
+			table = append(table, float64(pair[0]))
+			hybrid = append(hybrid, float64(pair[1]))
+			ratio = append(ratio, float64(pair[1])/float64(pair[0]))
+		}
+		if len(ratio) == 0 {
+			continue
+		}
+		out = append(out, FirstP50{Distance: d, Table: time.Duration(median(table)), Hybrid: time.Duration(median(hybrid)), Ratio: median(ratio)})
+	}
+	return out
+}
+
+// firstP50Line is a distance's FirstP50 in words, or "-" without one.
+func (r *Result) firstP50Line(d time.Duration) string {
+	for _, f := range r.FirstP50s() {
+		if f.Distance == d {
+			diff := (f.Hybrid - f.Table).Round(10 * time.Microsecond)
+			sign := ""
+			if diff >= 0 {
+				sign = "+"
+			}
+			return fmt.Sprintf("table %v, hybrid %v (%s%v, %.2f×)", f.Table.Round(10*time.Microsecond), f.Hybrid.Round(10*time.Microsecond),
+				sign, diff, f.Ratio)
+		}
+	}
+	return "-"
+}
+
 // stalledShare is the fraction of the run's median busy cores below which a
 // round counts as stalled.
 const stalledShare = 0.75
@@ -147,7 +207,7 @@ const stalledShare = 0.75
 func (r *Result) Stalled() (busy float64, stalled []Cell) {
 	var cores []float64
 	for _, c := range r.Cells {
-		if c.MachineCores > 0 {
+		if c.MachineCores > 0 && !c.Lone {
 			cores = append(cores, c.MachineCores)
 		}
 	}
@@ -156,7 +216,7 @@ func (r *Result) Stalled() (busy float64, stalled []Cell) {
 	}
 	busy = median(cores)
 	for _, c := range r.Cells {
-		if c.MachineCores > 0 && c.MachineCores < stalledShare*busy {
+		if c.MachineCores > 0 && !c.Lone && c.MachineCores < stalledShare*busy {
 			stalled = append(stalled, c)
 		}
 	}
@@ -263,6 +323,10 @@ func (r *Result) Summary(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+	fmt.Fprintf(w, "first executions' p50 at 1 caller, new keys only, no handler latency (median of the rounds; hybrid − table, hybrid ÷ table):\n")
+	for _, d := range r.Config.Distances {
+		fmt.Fprintf(w, "%-10s %s\n", distLabel(d), r.firstP50Line(d))
+	}
 	for _, d := range r.Config.Distances {
 		fmt.Fprintln(w, "verdict: "+r.Verdict(d))
 	}
@@ -316,13 +380,17 @@ func (r *Result) writeCSV(path string) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	_ = w.Write([]string{"distance_us", "measured_rtt_us", "retry_share", "strategy", "round", "requests", "errors",
+	_ = w.Write([]string{"distance_us", "measured_rtt_us", "retry_share", "strategy", "round", "callers", "requests", "errors",
 		"elapsed_s", "throughput", "p50_us", "p99_us", "pg_statements", "redis_commands", "pg_cpu_s", "proxy_cpu_s",
 		"machine_cores", "guard_cpu_s", "redis_cpu_s", "executed", "replayed", "in_progress", "key_reused", "first_error"})
 	for _, c := range r.Cells {
+		callers := r.Config.Callers
+		if c.Lone {
+			callers = 1
+		}
 		_ = w.Write([]string{
 			strconv.FormatInt(c.Distance.Microseconds(), 10), strconv.FormatInt(c.MeasuredRTT.Microseconds(), 10),
-			ff(c.Share, 2), c.Strategy, strconv.Itoa(c.Round), strconv.FormatInt(c.Requests, 10), strconv.FormatInt(c.Errors, 10),
+			ff(c.Share, 2), c.Strategy, strconv.Itoa(c.Round), strconv.Itoa(callers), strconv.FormatInt(c.Requests, 10), strconv.FormatInt(c.Errors, 10),
 			ff(c.Elapsed.Seconds(), 3), ff(c.Throughput(), 1), strconv.FormatInt(c.P50.Microseconds(), 10),
 			strconv.FormatInt(c.P99.Microseconds(), 10), strconv.FormatInt(c.PGStatements, 10), strconv.FormatInt(c.RedisCommands, 10),
 			ff(c.PGCPU, 3), ff(c.ProxyCPU, 3), ff(c.MachineCores, 2), ff(c.GuardCPU, 3), ff(c.RedisCPU, 3),
@@ -370,13 +438,20 @@ func (r *Result) markdown(w io.Writer, command string) {
 	}
 	fmt.Fprintf(w, "\n(The lock pays where the hybrid's saturated throughput is at least %.2f× the table's at that share and every higher one.)\n\n", Pays)
 	fmt.Fprintf(w, "![hybrid ÷ table against retry share](%s)\n\n", PNGFile)
-	fmt.Fprintf(w, "## hybrid ÷ table\n\n| retries |")
+	fmt.Fprintf(w, "## hybrid ÷ table\n\nThe first row is no ratio of throughputs: it is the p50 of first executions with 1 caller "+
+		"on new keys only and a handler that takes no time (the guard's own latency), run in every round beside the shares: "+
+		"what the lease adds to a request when nothing is saturated.\n\n| retries |")
 	for _, d := range cfg.Distances {
 		fmt.Fprintf(w, " %s throughput | p99 |", distLabel(d))
 	}
 	fmt.Fprintf(w, "\n|---|")
 	for range cfg.Distances {
 		fmt.Fprintf(w, "---|---|")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| first execution p50, 1 caller |")
+	for _, d := range cfg.Distances {
+		fmt.Fprintf(w, " %s | |", r.firstP50Line(d))
 	}
 	fmt.Fprintln(w)
 	ratios := r.Ratios()

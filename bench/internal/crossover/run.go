@@ -4,7 +4,9 @@
 // both strategies' real Guard in one run, closed loop, for every retry share
 // and distance, in interleaved rounds, and reports saturated throughput,
 // p99, PostgreSQL statements and CPU per request, the crossover plot and a
-// verdict per distance.
+// verdict per distance; beside them, in the same rounds, the p50 of first
+// executions at 1 caller (new keys only, a handler that takes no time), what
+// the lease adds to a request when nothing is saturated.
 //
 // PostgreSQL's distance is added by a delay proxy in a process of its own
 // (package delayproxy): this machine's kernel has no netem. The proxy's CPU
@@ -45,7 +47,9 @@ type Config struct {
 	Rounds int
 	// Run is how long each strategy runs per share and round.
 	Run time.Duration
-	// Callers is the closed loop's concurrency: enough to saturate.
+	// Callers is the closed loop's concurrency: enough to saturate. Each
+	// round also runs each strategy with 1 caller on new keys, with a
+	// handler that takes no time, for Run.
 	Callers int
 	// Recent is how many of the latest intents a retry picks from.
 	Recent                  int
@@ -63,6 +67,11 @@ type Cell struct {
 	Share       float64
 	Strategy    string
 	Round       int
+	// Lone marks a run of 1 caller on new keys only (Share 0) and a handler
+	// that takes no time: its P50 is the guard's own latency for a first
+	// execution when nothing else runs. Otherwise the run has
+	// Config.Callers callers and the handler takes Config.Work.
+	Lone bool
 
 	Requests, Errors int64
 	Elapsed          time.Duration
@@ -175,13 +184,16 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 	}
 	meter := fleet.NewMeter(cfg.RedisAddr, env.Pool, env.Schema)
 	defer meter.Close()
-	targets := map[string]target.Target{}
+	targets, lone := map[string]target.Target{}, map[string]target.Target{}
 	for _, s := range []string{target.Table, target.Hybrid} {
 		if targets[s], err = target.New(env, s, target.Guard, cfg.Work); err != nil {
 			return err
 		}
+		if lone[s], err = target.New(env, s, target.Guard, 0); err != nil { // the guard's own latency
+			return err
+		}
 		// Dial the pools, load the scripts.
-		if _, err := cell(ctx, cfg, env, meter, proxy, targets[s], 0.5, cfg.Run/4, seq); err != nil {
+		if _, err := cell(ctx, cfg, env, meter, proxy, targets[s], 0.5, cfg.Callers, cfg.Run/4, seq); err != nil {
 			return err
 		}
 	}
@@ -189,24 +201,42 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 	fmt.Fprintf(cfg.Progress, "%-9s %5s %5s %-7s %8s %9s %9s %7s %8s %8s %8s %8s %6s %6s\n",
 		"distance", "round", "retry", "strategy", "req/s", "p50", "p99", "pg st/r", "pg µs/r", "app µs/r", "rds µs/r", "px µs/r", "cores", "err")
 	for round := range cfg.Rounds {
-		shares := slices.Clone(cfg.Shares)
-		if round%2 == 1 {
-			slices.Reverse(shares)
+		// Cells of (share, callers): the 1-caller first executions, then
+		// the saturated shares; every other round in reverse.
+		type run struct {
+			share   float64
+			callers int
+			lone    bool
 		}
-		for i, share := range shares {
+		runs := []run{{0, 1, true}}
+		for _, s := range cfg.Shares {
+			runs = append(runs, run{s, cfg.Callers, false})
+		}
+		if round%2 == 1 {
+			slices.Reverse(runs)
+		}
+		for i, r := range runs {
 			order := []string{target.Table, target.Hybrid}
 			if (round+i)%2 == 1 {
 				order = []string{target.Hybrid, target.Table}
 			}
 			for _, s := range order {
-				c, err := cell(ctx, cfg, env, meter, proxy, targets[s], share, cfg.Run, seq)
+				t := targets[s]
+				if r.lone {
+					t = lone[s]
+				}
+				c, err := cell(ctx, cfg, env, meter, proxy, t, r.share, r.callers, cfg.Run, seq)
 				if err != nil {
 					return err
 				}
-				c.Distance, c.MeasuredRTT, c.Share, c.Strategy, c.Round = d, rtt, share, s, round+1
+				c.Distance, c.MeasuredRTT, c.Share, c.Strategy, c.Round, c.Lone = d, rtt, r.share, s, round+1, r.lone
 				res.Cells = append(res.Cells, c)
-				fmt.Fprintf(cfg.Progress, "%-9s %5d %4.0f%% %-7s %8.0f %9v %9v %7.2f %8.0f %8.0f %8.0f %8.0f %6.2f %6d\n",
-					"+"+d.String(), c.Round, 100*share, s, c.Throughput(), c.P50.Round(10*time.Microsecond), c.P99.Round(10*time.Microsecond),
+				retry := fmt.Sprintf("%4.0f%%", 100*r.share)
+				if r.lone {
+					retry = "1 cl" // one caller, new keys
+				}
+				fmt.Fprintf(cfg.Progress, "%-9s %5d %5s %-7s %8.0f %9v %9v %7.2f %8.0f %8.0f %8.0f %8.0f %6.2f %6d\n",
+					"+"+d.String(), c.Round, retry, s, c.Throughput(), c.P50.Round(10*time.Microsecond), c.P99.Round(10*time.Microsecond),
 					c.StatementsPerRequest(), c.PGMicrosPerRequest(), c.GuardMicrosPerRequest(), c.RedisMicrosPerRequest(),
 					c.ProxyMicrosPerRequest(), c.MachineCores, c.Errors)
 			}
@@ -229,11 +259,11 @@ func measureRTT(ctx context.Context, env *target.Env) (time.Duration, error) {
 	return ds[len(ds)/2], nil
 }
 
-// cell runs t closed loop for d: each of cfg.Callers callers sends, with
+// cell runs t closed loop for d: each of callers callers sends, with
 // probability share, a retry of one of the cfg.Recent latest intents (same
 // key, same fingerprint), and otherwise a new intent.
 func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, proxy *delayproxy.Process,
-	t target.Target, share float64, d time.Duration, seq *atomic.Int64) (Cell, error) {
+	t target.Target, share float64, callers int, d time.Duration, seq *atomic.Int64) (Cell, error) {
 	var c Cell
 	if err := env.Truncate(ctx, t.Table()); err != nil {
 		return c, err
@@ -256,7 +286,7 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 	start := time.Now()
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
-	for w := range cfg.Callers {
+	for w := range callers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			local := map[string]int64{}
