@@ -113,7 +113,9 @@ func (c *cmd) inspect(ctx context.Context, args []string) error {
 		return c.printJSON(j)
 	}
 	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	line := func(name, format string, args ...any) { fmt.Fprintf(w, "%s\t"+format+"\n", append([]any{name}, args...)...) }
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(w, "%s\t"+format+"\n", append([]any{name}, args...)...)
+	}
 	line("key_hash", "%s", idem.KeyHash(scope, key))
 	line("table", "%s", c.table())
 	line("state", "%s", describeState(row))

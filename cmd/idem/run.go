@@ -97,7 +97,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "idem: %s\nRun \"idem help\" for usage.\n", uerr.msg)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "idem: %v\n", err)
+	// An error of package idem names itself already.
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "idem: ") {
+		msg = "idem: " + msg
+	}
+	fmt.Fprintln(stderr, msg)
 	return exitFail
 }
 
