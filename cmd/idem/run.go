@@ -253,7 +253,7 @@ func stamp(t time.Time) string {
 // human rounds a duration for reading.
 func human(d time.Duration) string {
 	switch a := max(d, -d); {
-	case a >= time.Minute:
+	case a >= 10*time.Second:
 		return d.Round(time.Second).String()
 	case a >= time.Second:
 		return d.Round(10 * time.Millisecond).String()

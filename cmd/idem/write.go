@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/idemguard/idem"
@@ -137,7 +138,7 @@ func (c *cmd) act(ctx context.Context, action, scope, key string, owner idem.Tok
 		slog.String("key_hash", idem.KeyHash(scope, key)), slog.String("owner", owner.String()),
 	}, attrs...)
 	log := func(result string, err error) {
-		a := append(attrs, slog.String("result", result))
+		a := append(slices.Clip(attrs), slog.String("result", result))
 		level := slog.LevelInfo
 		if err != nil {
 			level = slog.LevelWarn
@@ -191,6 +192,14 @@ func (c *cmd) act(ctx context.Context, action, scope, key string, owner idem.Tok
 	}
 	log("ok", nil)
 	verb := map[string]string{"settle": "settled", "release": "released"}[action]
+	if c.json {
+		return c.printJSON(struct {
+			Result  string `json:"result"`
+			KeyHash string `json:"key_hash"`
+			Owner   string `json:"owner"`
+			Attempt int    `json:"attempt"`
+		}{verb, idem.KeyHash(scope, key), owner.String(), row.Attempt})
+	}
 	fmt.Fprintf(c.stdout, "%s key_hash %s (owner %s, attempt %d)\n", verb, idem.KeyHash(scope, key), owner, row.Attempt)
 	return nil
 }
