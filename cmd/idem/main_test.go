@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +51,12 @@ func setup(t *testing.T) *bundle {
 func (b *bundle) idem(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	args = append(args, "-database-url", testdb.URL(), "-schema", b.schema)
+	common := []string{"-database-url", testdb.URL(), "-schema", b.schema}
+	if i := slices.Index(args, "--"); i >= 0 {
+		args = slices.Concat(args[:i], common, args[i:])
+	} else {
+		args = append(args, common...)
+	}
 	code = run(t.Context(), args, &out, &errOut)
 	return out.String(), errOut.String(), code
 }
@@ -248,6 +254,17 @@ func TestInspectLease(t *testing.T) {
 	require.Equal(t, locker.Key("acme", "leased"), j.Lease.RedisKey)
 	require.Positive(t, j.Lease.TTLMS)
 
+	// Once answered, the lease holds a copy of the answer: the Guard writes
+	// it without waiting, so wait for it to land.
+	require.Eventually(t, func() bool {
+		out, _, code = b.idem(t, "inspect", "acme", "leased", "-redis", testredis.Addr(), "-lock-prefix", prefix, "-json")
+		j = keyJSON{}
+		return code == exitOK && json.Unmarshal([]byte(out), &j) == nil && j.Lease != nil && j.Lease.State == "answer"
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, durable.StateAnswered, j.State)
+	require.Equal(t, 201, j.Lease.Status)
+	require.True(t, j.Lease.SameRequest)
+
 	out, _, code = b.idem(t, "inspect", "acme", "nolease-but-row", "-redis", testredis.Addr(), "-lock-prefix", prefix)
 	require.Equal(t, exitFail, code) // no row at all
 	b.claim(t, newRequest("nolease"), 0)
@@ -411,4 +428,29 @@ func TestHeldKeyIsRefused(t *testing.T) {
 	require.Equal(t, durable.StateInProgress, row.State)
 	require.True(t, row.Held())
 	require.Equal(t, rec.Owner, row.Owner)
+}
+
+func TestMigratePartitioned(t *testing.T) {
+	pool := testdb.Pool(t)
+	b := &bundle{pool: pool, schema: testdb.SchemaName(t, pool)}
+	out, errOut, code := b.idem(t, "migrate", "up", "-partitions", "4")
+	require.Equal(t, exitOK, code, "stderr: %s", errOut)
+	require.Contains(t, out, "applied migration(s) [1 2 3 4 5 6]")
+	// An existing table is never laid out again: the command says so.
+	_, errOut, code = b.idem(t, "migrate", "up")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "is partitioned into 4 but Config.Partitions is 0")
+	_, _, code = b.idem(t, "stats")
+	require.Equal(t, exitOK, code)
+}
+
+// A scope or key that starts with '-' goes after "--".
+func TestDashedKey(t *testing.T) {
+	b := setup(t)
+	rec := b.claim(t, idem.Request{Scope: "-acme", Key: "-k", Fingerprint: idem.HashParts([]byte("x"))}, 0)
+	out, errOut, code := b.idem(t, "inspect", "-json", "--", "-acme", "-k")
+	require.Equal(t, exitOK, code, "stderr: %s", errOut)
+	var j keyJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &j))
+	require.Equal(t, rec.Owner.String(), j.Owner)
 }

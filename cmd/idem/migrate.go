@@ -21,7 +21,9 @@ func (c *cmd) migrate(ctx context.Context, args []string) error {
 		deleteKeys bool
 	)
 	switch sub {
-	case "up", "status":
+	case "up":
+		fs.IntVar(&c.cfg.Partitions, "partitions", 0, "create the table hash-partitioned into this many partitions (durable.Config.Partitions); an existing table must have them")
+	case "status":
 	case "down":
 		fs.Int64Var(&to, "to", -1, "undo every applied migration above this version (default: the newest one only)")
 		fs.BoolVar(&deleteKeys, "delete-keys", false, "allow undoing migration 1, which drops the table with every key and answer")

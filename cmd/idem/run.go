@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,7 +31,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 const usage = `usage: idem <command> [flags]
 
 Commands:
-  migrate up                     apply the migrations this build embeds
+  migrate up [-partitions N]     apply the migrations this build embeds
   migrate down [-to N]           undo the newest applied migration, or every one above N
   migrate status                 list the migrations and whether each is applied
   inspect <scope> <key>          show a key's row (and, with -redis, its lease)
@@ -133,8 +134,14 @@ func (c *cmd) flags(name string) *flag.FlagSet {
 
 // parse parses args with fs, flags and positional arguments in any order, and
 // returns the positional ones, which must number want.
+//
+// Everything after "--" is positional, for a scope or key that starts with
+// '-'.
 func (c *cmd) parse(fs *flag.FlagSet, args []string, want int, names string) ([]string, error) {
-	var pos []string
+	var pos, rest []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -149,6 +156,7 @@ func (c *cmd) parse(fs *flag.FlagSet, args []string, want int, names string) ([]
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+	pos = append(pos, rest...)
 	if len(pos) != want {
 		if want == 0 {
 			return nil, usagef("%s takes no arguments, got %q", fs.Name(), pos)
