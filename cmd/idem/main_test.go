@@ -101,6 +101,15 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, out.String(), "migrate up")
 }
 
+// A server that does not answer is named, without the URL's password.
+func TestUnreachable(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), []string{"stats", "-database-url", "postgres://postgres:secret@127.0.0.1:1/nowhere?connect_timeout=2"}, &out, &errOut)
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut.String(), "idem: connect to PostgreSQL at 127.0.0.1:1/nowhere: ")
+	require.NotContains(t, errOut.String(), "secret")
+}
+
 func TestMigrate(t *testing.T) {
 	pool := testdb.Pool(t)
 	b := &bundle{pool: pool, schema: testdb.SchemaName(t, pool)}

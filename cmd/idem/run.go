@@ -185,13 +185,11 @@ func (c *cmd) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database), err)
+		// host:port/database names the server without the URL's password.
+		cc := pcfg.ConnConfig
+		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d/%s: %w", cc.Host, cc.Port, cc.Database, err)
 	}
 	return pool, nil
-}
-
-func redact(host string, port uint16, db string) string {
-	return fmt.Sprintf("%s:%d/%s", host, port, db)
 }
 
 // store connects and returns a Store on the table, once it has checked that
