@@ -30,7 +30,10 @@ type leaseInfo struct {
 	TTLMS       int64 `json:"ttl_ms"`
 }
 
-// leaseKinds names the first byte of the Guard's lease states (lease.go).
+// leaseKinds names the first byte of the Guard's lease states (lease.go),
+// each followed by the fingerprint, and for an answer's copy by its status.
+// Package idem keeps the format unexported; TestInspectLease reads leases a
+// real hybrid Guard wrote, so a change of the format fails it.
 var leaseKinds = map[byte]string{
 	'c': "claiming", 'r': "running", 'p': "pending", 'A': "answer", 'd': "done",
 }

@@ -108,6 +108,17 @@ func TestUnreachable(t *testing.T) {
 	require.Equal(t, exitFail, code)
 	require.Contains(t, errOut.String(), "idem: connect to PostgreSQL at 127.0.0.1:1/nowhere: ")
 	require.NotContains(t, errOut.String(), "secret")
+
+	// $DATABASE_URL is the default, and -h does not print it.
+	t.Setenv("DATABASE_URL", "postgres://postgres:secret@127.0.0.1:1/fromenv?connect_timeout=2")
+	out.Reset()
+	errOut.Reset()
+	require.Equal(t, exitFail, run(t.Context(), []string{"stats"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "at 127.0.0.1:1/fromenv: ")
+	errOut.Reset()
+	require.Equal(t, exitOK, run(t.Context(), []string{"stats", "-h"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "-database-url")
+	require.NotContains(t, errOut.String(), "secret")
 }
 
 func TestMigrate(t *testing.T) {

@@ -120,11 +120,9 @@ type cmd struct {
 func (c *cmd) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultDatabaseURL
-	}
-	fs.StringVar(&c.databaseURL, "database-url", url, "PostgreSQL connection URL")
+	// No default in the flag itself: -h prints defaults, and $DATABASE_URL
+	// may hold a password.
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL, else "+defaultDatabaseURL+")")
 	fs.StringVar(&c.cfg.Schema, "schema", "", "the table's schema (default: the connection's current schema)")
 	fs.StringVar(&c.cfg.Table, "table", durable.DefaultTable, "the table")
 	fs.DurationVar(&c.cfg.Retention, "retention", durable.DefaultRetention, "the store's retention (durable.Config.Retention)")
@@ -171,7 +169,14 @@ func (c *cmd) parse(fs *flag.FlagSet, args []string, want int, names string) ([]
 
 // connect opens a small pool on the database.
 func (c *cmd) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
+	url := c.databaseURL
+	if url == "" {
+		url = os.Getenv("DATABASE_URL")
+	}
+	if url == "" {
+		url = defaultDatabaseURL
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("-database-url: %v", err)
 	}
