@@ -474,3 +474,25 @@ func TestDashedKey(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &j))
 	require.Equal(t, rec.Owner.String(), j.Owner)
 }
+
+// With -notify, a settle announces the key as a Store with Config.Notify
+// does: a retry waiting for it through a Listener wakes.
+func TestSettleNotifies(t *testing.T) {
+	b := setup(t)
+	st, err := durable.New(b.pool, &durable.Config{Schema: b.schema, Notify: true})
+	require.NoError(t, err)
+	l, err := durable.NewListener(t.Context(), st, b.pool)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	rec := b.claim(t, newRequest("waited"), 0)
+	wake, cancel := l.Subscribe("acme", "waited")
+	defer cancel()
+
+	_, errOut, code := b.idem(t, "settle", "acme", "waited", "-owner", rec.Owner.String(), "-status", "200", "-by", "erin", "-notify")
+	require.Equal(t, exitOK, code, "stderr: %s", errOut)
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settle was not announced")
+	}
+}

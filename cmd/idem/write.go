@@ -45,6 +45,7 @@ func (c *cmd) writeFlags(name string) (*flag.FlagSet, *writeFlags) {
 	w := &writeFlags{}
 	fs.StringVar(&w.owner, "owner", "", "the owner token of the attempt to act on, as inspect prints it (required)")
 	fs.StringVar(&w.by, "by", os.Getenv("USER"), "who acts, for the audit line (default $USER)")
+	fs.BoolVar(&c.cfg.Notify, "notify", false, "announce the key as the fleet's stores do with durable.Config.Notify, waking retries that wait for it")
 	return fs, w
 }
 
