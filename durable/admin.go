@@ -149,8 +149,10 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (KeyRow, error) 
 }
 
 // ListPending lists up to limit keys that wait for reconciliation, oldest
-// (by their attempt's claim) first: in progress and past their hold. It is
-// one statement, which reads the created_at index from the oldest row on.
+// (by their attempt's claim) first: in progress and past their hold, the
+// keys whose retries get idem.ErrPending. It is one statement, in the order
+// of the created_at index; no index holds only rows in progress, so it also
+// passes over the rows older than the oldest pending one.
 func (s *Store) ListPending(ctx context.Context, limit int) ([]KeyRow, error) {
 	const op = "list pending"
 	if limit < 1 {
