@@ -50,7 +50,7 @@ CREATE TABLE ` + versionTable + ` (
 // When db is a pgx.Tx, Migrate runs in a savepoint of it and leaves its
 // search_path as it found it.
 func Migrate(ctx context.Context, db Beginner, cfg *Config) error {
-	return migrate(ctx, db, cfg, false)
+	return migrate(ctx, db, cfg, false, 0)
 }
 
 // MigrateDown undoes the migrations applied to the table of cfg (a nil cfg
@@ -62,10 +62,12 @@ func Migrate(ctx context.Context, db Beginner, cfg *Config) error {
 //
 // WARNING: it deletes every stored key and answer of the table.
 func MigrateDown(ctx context.Context, db Beginner, cfg *Config) error {
-	return migrate(ctx, db, cfg, true)
+	return migrate(ctx, db, cfg, true, 0)
 }
 
-func migrate(ctx context.Context, db Beginner, cfg *Config, down bool) (err error) {
+// migrate applies the unapplied migrations or, with down, undoes the applied
+// versions above to (0: all of them).
+func migrate(ctx context.Context, db Beginner, cfg *Config, down bool, to int64) (err error) {
 	op := "migrate"
 	if down {
 		op = "migrate down"
@@ -93,7 +95,7 @@ func migrate(ctx context.Context, db Beginner, cfg *Config, down bool) (err erro
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := runMigrations(ctx, tx, &c, files, down); err != nil {
+	if err := runMigrations(ctx, tx, &c, files, down, to); err != nil {
 		return &opError{op: op, err: err}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -102,7 +104,7 @@ func migrate(ctx context.Context, db Beginner, cfg *Config, down bool) (err erro
 	return nil
 }
 
-func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration, down bool) (err error) {
+func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration, down bool, to int64) (err error) {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(c)); err != nil {
 		return fmt.Errorf("advisory lock: %w", err)
 	}
@@ -162,6 +164,9 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 	if down {
 		slices.SortFunc(applied, func(a, b int64) int { return cmp.Compare(b, a) })
 		for _, v := range applied {
+			if v <= to {
+				break
+			}
 			i := slices.IndexFunc(files, func(m migration) bool { return m.version == v })
 			if i < 0 {
 				return fmt.Errorf("version %d is applied but has no migration file", v)
