@@ -10,17 +10,19 @@ import (
 )
 
 // Group commit: a Store over a pool shares statements, and so commits and
-// WAL flushes, among the claims (and, apart, the answer writes) that wait for
-// the database at the same time.
+// WAL flushes, among the claims (and, apart, the answer writes) that would
+// otherwise wait for a connection of the pool.
 //
-// A batcher lets at most a few statements of its kind be in flight at once.
-// A request that finds a statement free goes at once, alone, in its
-// caller's goroutine, with the one-key statement and the caller's context: a
-// lone caller pays what it would without the batcher. A request that finds
-// them all in flight waits in a queue; when one returns, the queue (up to
-// maxBatch requests, one per key) goes as one statement, one transaction.
-// Under load a statement then serves many requests, and the few in flight
-// still share PostgreSQL's own group commit of their flushes.
+// A request goes at once, alone, in its caller's goroutine, with the one-key
+// statement and the caller's context, unless every connection of the pool is
+// taken and a statement of its kind is in flight: a lone caller, and any
+// load the pool serves without queueing, pays exactly what it would without
+// the batcher. A request that would wait for a connection waits in the
+// batcher's queue instead; when one of the kind's statements returns (and
+// its connection with it), the queue (up to maxBatch requests, one per key)
+// goes as one statement, one transaction, one flush, on that connection. So
+// no request waits longer than it would have for a connection, and once the
+// pool is the bottleneck each connection serves many requests per commit.
 //
 // Every request gets its own key's result. A key is never twice in one
 // statement: its second request waits for the next. A request whose
@@ -31,9 +33,10 @@ import (
 // back, nothing was written) is not the outcome of every request in it: each
 // request then runs alone, so one request's fault stays its own.
 type batcher[Req, Res any] struct {
-	// inFlight bounds the statements in flight at once; maxBatch the
-	// requests in one statement.
-	inFlight, maxBatch int
+	// exhausted reports whether every connection of the pool is taken.
+	exhausted func() bool
+	// maxBatch bounds the requests in one statement.
+	maxBatch int
 	// key names a request's row: one request per key in a statement.
 	key func(*Req) string
 	// one runs one request alone, with its caller's context.
@@ -42,45 +45,9 @@ type batcher[Req, Res any] struct {
 	// returns a result per request, in order, or the statement's error.
 	many func(ctx context.Context, reqs []*Req) ([]Res, error)
 
-	// adapt, when set, moves inFlight with the statements' latency (see
-	// gradient).
-	adapt *gradient
-
 	mu      sync.Mutex
-	running int // statements in flight
+	running int // statements of the kind in flight
 	queue   []*call[Req, Res]
-}
-
-// gradient sets how many statements may be in flight from their latency: as
-// long as a statement takes less than twice the least latency seen lately
-// (the server is not queueing work, a commit waits at most for the flush
-// before its own), every request may go alone, up to max in flight; past
-// that, the limit shrinks in proportion, so that requests wait and share
-// statements, which saves the server's CPU per request.
-type gradient struct {
-	limit    float64
-	max      float64
-	min      [2]time.Duration // least latency of this window and the last
-	windowAt time.Time
-}
-
-func (g *gradient) observe(now time.Time, rtt time.Duration) int {
-	if now.Sub(g.windowAt) > 5*time.Second {
-		g.min[1], g.min[0], g.windowAt = g.min[0], 0, now
-	}
-	if g.min[0] == 0 || rtt < g.min[0] {
-		g.min[0] = rtt
-	}
-	least := g.min[0]
-	if g.min[1] != 0 && g.min[1] < least {
-		least = g.min[1]
-	}
-	target := g.limit + 1
-	if rtt > 2*least {
-		target = g.limit * float64(2*least) / float64(rtt)
-	}
-	g.limit = min(max(0.9*g.limit+0.1*target, 1), g.max)
-	return int(g.limit)
 }
 
 // call is one request waiting for a statement.
@@ -95,21 +62,17 @@ type call[Req, Res any] struct {
 	alone bool
 }
 
-// Batch sizes and concurrency of a Store's batchers (see batcher).
-const (
-	batchInFlight = 4
-	batchMax      = 64
-)
+// batchMax is the most requests one statement serves.
+const batchMax = 64
 
 // do runs r, alone or with the requests waiting beside it.
 func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	b.mu.Lock()
-	if b.running < b.inFlight {
+	if b.running == 0 || !b.exhausted() {
 		b.running++
 		b.mu.Unlock()
-		start := time.Now()
 		res, err := b.one(ctx, &r)
-		b.finished(start)
+		b.finished()
 		return res, err
 	}
 	c := &call[Req, Res]{ctx: ctx, req: r, done: make(chan struct{})}
@@ -144,22 +107,18 @@ func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	return c.res, c.err
 }
 
-// finished counts a statement sent at start out and sends the queue, if any,
-// in its place.
-func (b *batcher[Req, Res]) finished(start time.Time) {
+// finished counts a statement out and sends the queue, if any, on the
+// connection it gave back.
+func (b *batcher[Req, Res]) finished() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running--
-	if b.adapt != nil {
-		now := time.Now()
-		b.inFlight = b.adapt.observe(now, now.Sub(start))
-	}
 	b.startLocked()
 }
 
-// startLocked starts a statement for the queue when one may go. b.mu is held.
+// startLocked starts a statement for the queue, if any. b.mu is held.
 func (b *batcher[Req, Res]) startLocked() {
-	if len(b.queue) == 0 || b.running >= b.inFlight {
+	if len(b.queue) == 0 {
 		return
 	}
 	batch := make([]*call[Req, Res], 0, min(len(b.queue), b.maxBatch))
@@ -182,7 +141,7 @@ func (b *batcher[Req, Res]) startLocked() {
 
 // send runs batch, hands every call its result, and counts the statement out.
 func (b *batcher[Req, Res]) send(batch []*call[Req, Res]) {
-	defer b.finished(time.Now())
+	defer b.finished()
 	if len(batch) == 1 {
 		c := batch[0]
 		c.res, c.err = b.one(c.ctx, &c.req)

@@ -14,16 +14,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
 )
 
-// held takes every statement slot of b, so that the requests that follow
-// queue, and returns a function that lets them go: once n requests are
-// queued, it frees one slot, the queue goes as statements of many, and it
-// waits for them to have been sent and answered (b idle again, the other
-// slots still held).
+// held makes b see its pool exhausted and one statement of its own in
+// flight, so that the requests that follow queue, and returns a function
+// that lets them go: once n requests are queued, it ends that statement, the
+// queue goes as statements of many, and it waits for them to have been sent
+// and answered (b idle again).
 func held[Req, Res any](t *testing.T, b *batcher[Req, Res]) (sent func(n int), statements *atomic.Int64) {
 	t.Helper()
 	statements = new(atomic.Int64)
@@ -33,7 +34,8 @@ func held[Req, Res any](t *testing.T, b *batcher[Req, Res]) (sent func(n int), s
 		return many(ctx, reqs)
 	}
 	b.mu.Lock()
-	b.running = b.inFlight
+	b.exhausted = func() bool { return true }
+	b.running = 1
 	b.mu.Unlock()
 	return func(n int) {
 		t.Helper()
@@ -43,11 +45,11 @@ func held[Req, Res any](t *testing.T, b *batcher[Req, Res]) (sent func(n int), s
 			return len(b.queue)
 		}
 		require.Eventually(t, func() bool { return queued() == n }, 30*time.Second, time.Millisecond, "%d requests queue", n)
-		b.finished(time.Now())
+		b.finished()
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			return len(b.queue) == 0 && b.running == b.inFlight-1
+			return len(b.queue) == 0 && b.running == 0
 		}, 30*time.Second, time.Millisecond, "the queue is sent and answered")
 	}, statements
 }
@@ -274,14 +276,18 @@ func TestJoinedStoreDoesNotBatch(t *testing.T) {
 }
 
 // Many callers at once, each claiming fresh keys and answering them, with
-// one statement in flight (every request but the lone ones batched) and with
-// the default: every claim wins, every answer is stored, and the table holds
+// the pool seen as always exhausted (every request that finds a statement of
+// its kind in flight waits and shares the next) and with the pool's own
+// state: every claim wins, every answer is stored, and the table holds
 // exactly the answers given.
 func TestBatchedClaimsAndAnswersUnderLoad(t *testing.T) {
-	for _, inFlight := range []int{1, batchInFlight} {
-		t.Run(fmt.Sprintf("in_flight=%d", inFlight), func(t *testing.T) {
+	for _, exhausted := range []bool{true, false} {
+		t.Run(fmt.Sprintf("always_exhausted=%v", exhausted), func(t *testing.T) {
 			s, pool := planStoreOf(t, &Config{})
-			s.claims.inFlight, s.answers.inFlight = inFlight, inFlight
+			if exhausted {
+				s.claims.exhausted = func() bool { return true }
+				s.answers.exhausted = func() bool { return true }
+			}
 			const callers, each = 32, 40
 			var wg sync.WaitGroup
 			errs := make(chan error, callers*each)
@@ -350,4 +356,61 @@ func TestBatchedClaimsLostReplyIsEachCallersAmbiguity(t *testing.T) {
 		require.True(t, won, "%s: the retry runs", p.Key)
 		require.Equal(t, 2, rec.Attempt)
 	}
+}
+
+// A Store over a pool shares statements only when the pool has no free
+// connection: claims made one after another each go alone; with every
+// connection taken, the first claim waits for one alone and the claims
+// that come meanwhile wait for it, then go together as one statement.
+func TestStoreSharesOnlyWhenThePoolIsExhausted(t *testing.T) {
+	ctx := t.Context()
+	s0, pool0 := planStoreOf(t, &Config{})
+	cfg, err := pgxpool.ParseConfig(pool0.Config().ConnString())
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, err := New(pool, &s0.cfg)
+	require.NoError(t, err)
+	var shared atomic.Int64
+	many := s.claims.many
+	s.claims.many = func(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
+		shared.Add(int64(len(reqs)))
+		return many(ctx, reqs)
+	}
+
+	for i := range 5 {
+		_, won, err := s.Claim(ctx, claimParams("u", fmt.Sprintf("alone-%d", i), "b"))
+		require.NoError(t, err)
+		require.True(t, won)
+	}
+	require.Zero(t, shared.Load(), "claims one after another go alone")
+
+	var conns []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	state := func() (running, queued int) {
+		s.claims.mu.Lock()
+		defer s.claims.mu.Unlock()
+		return s.claims.running, len(s.claims.queue)
+	}
+	first := []idem.ClaimParams{claimParams("u", "first", "b")}
+	waitFirst, _ := claimAll(ctx, s, first)
+	require.Eventually(t, func() bool { r, _ := state(); return r == 1 }, 30*time.Second, time.Millisecond)
+	rest := []idem.ClaimParams{claimParams("u", "b", "b"), claimParams("u", "c", "b"), claimParams("u", "d", "b")}
+	waitRest, _ := claimAll(ctx, s, rest)
+	require.Eventually(t, func() bool { _, q := state(); return q == len(rest) }, 30*time.Second, time.Millisecond,
+		"with the pool exhausted, the claims behind the first wait for it")
+	for _, c := range conns {
+		c.Release()
+	}
+	for _, got := range append(waitFirst(), waitRest()...) {
+		require.NoError(t, got.err)
+		require.True(t, got.claimed)
+	}
+	require.EqualValues(t, len(rest), shared.Load(), "the claims that waited went as one statement")
 }

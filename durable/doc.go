@@ -61,11 +61,12 @@
 //
 // Both writes of a first execution, the claim and the answer, return once
 // their commit is on disk, so every answer a client reads survives a
-// PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). The
-// flushes are shared rather than skipped: while a few claim statements (or
-// answer writes) are in flight, the ones that arrive wait and then go
-// together as one statement and one commit, each request getting its own
-// key's result; a request that finds a statement free goes at once, alone.
+// PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). Once
+// every connection of the pool is taken, the flushes are shared rather than
+// waited for one by one: the claims (or answer writes) that would wait for a
+// connection go together as one statement and one commit on the next
+// connection a statement of theirs gives back, each request getting its own
+// key's result. Below that, every request goes at once, alone.
 //
 // # Transactions
 //

@@ -7,9 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -46,8 +43,9 @@ type Store struct {
 	channel   string             // the table's notification channel (Config.Notify, Listener)
 	joined    bool               // db is the caller's (WithDB): its transaction is never changed
 	// claims and answers share statements among concurrent requests
-	// (batch.go); nil when db is a caller's transaction (WithDB), whose
-	// statements are the caller's to order.
+	// (batch.go); nil unless db is a pool (statter), and when db is a
+	// caller's transaction (WithDB), whose statements are the caller's to
+	// order.
 	claims  *batcher[claimReq, claimRes]
 	answers *batcher[answerReq, bool]
 }
@@ -84,30 +82,26 @@ func New(db DB, cfg *Config) (*Store, error) {
 		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
 	}
-	if n, adapt := experimentInFlight(); n > 0 {
-		s.claims = &batcher[claimReq, claimRes]{inFlight: n, maxBatch: batchMax,
+	if p, ok := db.(statter); ok && p.Stat() != nil {
+		exhausted := func() bool {
+			st := p.Stat()
+			return st.AcquiredConns() >= st.MaxConns()
+		}
+		s.claims = &batcher[claimReq, claimRes]{exhausted: exhausted, maxBatch: batchMax,
 			key: func(r *claimReq) string { return rowKey(r.p.Scope, r.p.Key) },
 			one: s.claimOne, many: s.claimMany}
-		s.answers = &batcher[answerReq, bool]{inFlight: n, maxBatch: batchMax,
+		s.answers = &batcher[answerReq, bool]{exhausted: exhausted, maxBatch: batchMax,
 			key: func(r *answerReq) string { return rowKey(r.scope, r.key) },
 			one: s.completeOne, many: s.completeMany}
-		if adapt {
-			s.claims.adapt = &gradient{limit: float64(n), max: float64(n)}
-			s.answers.adapt = &gradient{limit: float64(n), max: float64(n)}
-		}
 	}
 	return s, nil
 }
 
-// experimentInFlight is TEMPORARY: the batchers' statements in flight, from
-// IDEM_EXP_BATCH (0 turns batching off), for measuring the choice.
-func experimentInFlight() (int, bool) {
-	if v, ok := os.LookupEnv("IDEM_EXP_BATCH"); ok {
-		a, adapt := strings.CutPrefix(v, "a")
-		n, _ := strconv.Atoi(a)
-		return n, adapt
-	}
-	return batchInFlight, false
+// statter is a DB that tells how busy its pool is: a *pgxpool.Pool, or a
+// wrapper of one that passes its Stat on. A Store shares statements only
+// over such a DB (batch.go).
+type statter interface {
+	Stat() *pgxpool.Stat
 }
 
 // WithDB returns a Store with the same configuration whose statements run
@@ -183,12 +177,14 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // transaction (one that completed the key's answer and has not committed):
 // it returns the row as it was, in progress.
 //
-// Unless bound to a caller's transaction ([Store.WithDB]), concurrent Claims
-// share statements: while a few claim statements are in flight, the Claims
-// that arrive wait and then go together as one statement and one commit,
-// each with its own key's result (group commit). A Claim that finds a
-// statement free goes at once, alone. A Claim whose context ends while it
-// waits is never sent.
+// Over a *pgxpool.Pool (or a DB that passes on its Stat), concurrent Claims
+// share statements once every connection is taken: a Claim that would wait
+// for a connection while another claim statement is in flight waits for
+// that statement instead, and the Claims waiting then go together as one
+// statement and one commit on the connection it gives back, each with its
+// own key's result (group commit). A Claim whose context ends while it waits
+// is never sent. A Store bound to a caller's transaction ([Store.WithDB])
+// never shares.
 //
 // Claim is one statement, so one round trip, with two exceptions. When the
 // key's row is takeable, a second statement takes it over. When Claim races
@@ -345,9 +341,9 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 // not) or idem.ErrCompleted (the owner's row already has another answer).
 //
 // Complete returns once the answer is on disk (its commit waited for the WAL
-// flush), unless Config.AsynchronousAnswers says otherwise. Unless bound to
-// a caller's transaction, concurrent Completes share statements and commits,
-// as concurrent Claims do.
+// flush), unless Config.AsynchronousAnswers says otherwise. Concurrent
+// Completes share statements and commits once the pool is exhausted, as
+// concurrent Claims do.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose

@@ -40,8 +40,9 @@ type Config struct {
 	// their flush (durable.Config.AsynchronousAnswers); passed on only when
 	// set.
 	AsyncAnswers bool
-	// Env is added to the workers' environment.
-	Env []string
+	// Unshared makes the guard's store run every request's statement alone
+	// (no group commit); passed on only when set.
+	Unshared bool
 	// PoolSize is each worker's pgx pool size (MaxConns); RedisPoolSize
 	// each worker's go-redis pool size, 0 for go-redis' default.
 	PoolSize, RedisPoolSize int
@@ -123,8 +124,11 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	if cfg.AsyncAnswers {
 		args = append(args, "-async-answers")
 	}
+	if cfg.Unshared {
+		args = append(args, "-unshared")
+	}
 	cmd := exec.Command(cfg.Binary, args...)
-	cmd.Env = append(append(os.Environ(), cfg.Env...), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)
+	cmd.Env = append(os.Environ(), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

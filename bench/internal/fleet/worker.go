@@ -36,6 +36,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/bench/internal/fixture"
 	"github.com/idemguard/idem/bench/internal/target"
+	"github.com/idemguard/idem/durable"
 )
 
 // Environment variables of a worker process. The database URL travels in
@@ -110,6 +111,7 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		work      = fs.Duration("work", 5*time.Millisecond, "simulated handler latency")
 		impl      = fs.String("impl", target.Guard, "what serves the requests: guard (the middleware) or minimal (target.MinimalHandler)")
 		asyncAns  = fs.Bool("async-answers", false, "the guard's store returns answer writes before their flush (durable.Config.AsynchronousAnswers)")
+		unshared  = fs.Bool("unshared", false, "the guard's store never shares statements among requests (it is not told the pool's state)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -129,14 +131,14 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		fmt.Fprintf(stderr, "bench worker: -impl %q: want guard or minimal\n", *impl)
 		return 2
 	}
-	if err := serve(ctx, *addr, *impl, *asyncAns, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
+	if err := serve(ctx, *addr, *impl, *asyncAns, *unshared, *strategy, *schema, *prefix, *redisAddr, *poolSize, *redisPool, *work, stdout); err != nil {
 		fmt.Fprintf(stderr, "bench worker: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, addr, impl string, asyncAnswers bool, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
+func serve(ctx context.Context, addr, impl string, asyncAnswers, unshared bool, strategy, schema, prefix, redisAddr string, poolSize, redisPool int, work time.Duration, stdout io.Writer) error {
 	pc, err := pgxpool.ParseConfig(os.Getenv(databaseEnv))
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
@@ -170,7 +172,11 @@ func serve(ctx context.Context, addr, impl string, asyncAnswers bool, strategy, 
 			return err
 		}
 	} else {
-		g, err := target.NewGuard(db, rdb, schema, prefix, strategy, asyncAnswers)
+		var store durable.DB = db
+		if unshared {
+			store = unsharedDB{db}
+		}
+		g, err := target.NewGuard(store, rdb, schema, prefix, strategy, asyncAnswers)
 		if err != nil {
 			return err
 		}
@@ -227,3 +233,7 @@ func serve(ctx context.Context, addr, impl string, asyncAnswers bool, strategy, 
 	}
 	return nil
 }
+
+// unsharedDB hides the pool's Stat from the store, which then runs every
+// request's statement alone.
+type unsharedDB struct{ durable.DB }

@@ -46,6 +46,9 @@ const (
 	// GuardAsync is this build's guard with durable.Config.AsynchronousAnswers:
 	// the answer write returns before its flush.
 	GuardAsync = "guard-async"
+	// GuardUnshared is this build's guard whose store shares no statement
+	// among requests (no group commit), every answer durable.
+	GuardUnshared = "guard-unshared"
 )
 
 // maxPool caps a worker's pgx pool: a service's pool, not one connection per
@@ -111,7 +114,6 @@ type config struct {
 	replayKeys       int
 	baseline         string
 	pgDelay          time.Duration // added to each worker's PostgreSQL round trip
-	batches          []string      // TEMPORARY: IDEM_EXP_BATCH values, each a guard@N implementation
 	progress         io.Writer
 }
 
@@ -142,7 +144,6 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		replayKeys = fs.Int("replay-keys", 500, "keys answered before each replay run, which its requests repeat")
 		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
 		pgDelay    = fs.Duration("pg-delay", 0, "round-trip time added between the workers and PostgreSQL (a delay proxy), e.g. 500us")
-		batches    = fs.String("experiment-batch", "", "TEMPORARY: comma-separated IDEM_EXP_BATCH values, each run as guard@N")
 		outDir     = fs.String("out", "bench-report-http", "report directory (created; its files replaced)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -152,7 +153,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, batches: cli.Split(*batches), progress: stdout}
+		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, progress: stdout}
 	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -236,12 +237,10 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 					fc.Impl = target.Minimal
 				case GuardAsync:
 					fc.AsyncAnswers = true
+				case GuardUnshared:
+					fc.Unshared = true
 				case Before:
 					fc.Binary = cfg.baseline
-				default:
-					if n, ok := strings.CutPrefix(impl, Guard+"@"); ok {
-						fc.Env = []string{"IDEM_EXP_BATCH=" + n}
-					}
 				}
 				f, err := fleet.Start(ctx, fc, 1)
 				if err != nil {
@@ -304,16 +303,12 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 }
 
 // implementations are what a run compares: the minimal SQL, this build's
-// guard with the synchronous (default) and the asynchronous answer write,
-// the baseline's guard when there is one, and this build's guard at each
-// experimental batch setting.
+// guard (durable answers, group commit), the same without group commit and
+// with asynchronous answers, and the baseline's guard when there is one.
 func implementations(cfg config) []string {
-	impls := []string{Minimal, Guard, GuardAsync}
+	impls := []string{Minimal, Guard, GuardUnshared, GuardAsync}
 	if cfg.baseline != "" {
 		impls = append(impls, Before)
-	}
-	for _, n := range cfg.batches {
-		impls = append(impls, Guard+"@"+n)
 	}
 	return impls
 }
@@ -487,12 +482,9 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
 		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.replayKeys)
 	impls := implementations(cfg)
-	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardAsync}}
+	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardUnshared}, {Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
-	}
-	for _, n := range cfg.batches {
-		pairs = append(pairs, [2]string{Guard + "@" + n, Minimal})
 	}
 	fmt.Fprintf(w, "| strategy | scenario | callers |")
 	for _, impl := range impls {
@@ -524,7 +516,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s |", impl)
 	}
-	flushPairs := [][2]string{{Guard, GuardAsync}}
+	flushPairs := [][2]string{{Guard, GuardUnshared}, {Guard, GuardAsync}}
 	if cfg.baseline != "" {
 		flushPairs = append(flushPairs, [2]string{Guard, Before})
 	}
