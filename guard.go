@@ -391,16 +391,10 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 		return Response{}, OutcomeKeyReused, ErrKeyReused
 	case rec.Answer == nil:
 		g.tel.add(ctx, evInProgress)
-		hold := rec.HoldUntil
-		if hold.IsZero() { // a row claimed before migration 0005
-			hold = rec.CreatedAt.Add(g.MaxHold())
-		}
-		if time.Now().After(hold) {
+		if time.Now().After(g.holdEnds(rec, read)) {
 			// The execution that claimed the key has ended for sure (its
 			// own deadline, whichever Guard claimed it): its outcome is
-			// unknown until a reconciler settles it. (The deadline is on
-			// the database's clock; skew of a few seconds only shifts when
-			// a key starts being reported pending.)
+			// unknown until a reconciler settles it.
 			return Response{}, OutcomeInProgress, ErrPending
 		}
 		return Response{}, OutcomeInProgress, ErrInProgress
@@ -409,6 +403,21 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 	resp := *rec.Answer
 	g.remember(req, resp, read.Add(rec.TTL))
 	return resp, OutcomeReplayed, nil
+}
+
+// holdEnds is when, on the local monotonic clock, the execution that holds
+// rec's attempt has ended for sure, rec having been read by a statement sent
+// at read. The store tells how long the attempt may hold the key (HoldUntil
+// less CreatedAt, both its claim's now) and how old it was (Age, on the
+// store's clock): only durations, which this Guard counts down from read,
+// so no host's clock is compared with the database's. A row claimed before
+// migration 0005 has no HoldUntil: this Guard's MaxHold stands in for it.
+func (g *Guard) holdEnds(rec Record, read time.Time) time.Time {
+	hold := g.MaxHold()
+	if !rec.HoldUntil.IsZero() {
+		hold = rec.HoldUntil.Sub(rec.CreatedAt)
+	}
+	return read.Add(hold - rec.Age)
 }
 
 // remember caches a finished answer of a key that expires in the store at

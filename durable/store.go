@@ -421,6 +421,7 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	if holdUntil != nil {
 		rec.HoldUntil = *holdUntil
 	}
+	rec.Age = dbNow.Sub(rec.CreatedAt)
 	if status == nil {
 		return rec, nil
 	}
