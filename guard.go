@@ -52,7 +52,9 @@ type Locker interface {
 	// keeps the remaining TTL) or, given a nil state, deletes it, both only
 	// while the lease is still the caller's; when another holder has it, it
 	// returns the state held, how long ago that lease was taken (measured
-	// by the lease service's own clock), and a nil function. It returns an
+	// by the lease service's own clock against the TTL its writer gave it,
+	// negative when the service cannot tell: the Guard then reads the
+	// row), and a nil function. It returns an
 	// error when the service could not answer in time (the guard then
 	// claims without a lease) or ctx ended. The function reports an error
 	// only when it could not reach the service: a lease no longer held is
