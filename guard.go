@@ -454,10 +454,11 @@ func (g *Guard) storeContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
 }
 
-// MaxHold is the longest a request keeps its key in progress, measured on
-// the database clock from its claim: the claim's own round trip, the
-// WorkTimeout and a second's grace for the work to return, the check of a joined answer, and every attempt to write the
-// answer or release the key, each bounded by StoreTimeout. A reconciler must
+// MaxHold is the longest a request keeps its key in progress, measured from
+// its claim: the claim's own round trip, the WorkTimeout and a second's
+// grace for the work to return, the check of a joined answer, and every
+// attempt to write the answer or release the key, each bounded by
+// StoreTimeout (a claim whose reply was lost is given back within it too). A reconciler must
 // leave keys younger than this alone, and the store's retention must be
 // longer.
 //

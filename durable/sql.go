@@ -19,6 +19,7 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 type statements struct {
 	claim, takeover, get, release string
 	releaseNotify                 string
+	giveBack, giveBackNotify      string
 	inspect, sweepBatch           string
 	// complete is the answer write, as its own transaction;
 	// completeNotify announces it too. completeIn and completeInNotify are
@@ -171,6 +172,25 @@ UPDATE {t} SET released_at = now(), reconcile_after = NULL
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND released_at IS NULL`),
 
+		// $1 scope, $2 key, $3 fingerprint, $4 owner.
+		//
+		// Gives back a claim whose reply was lost (the Guard's give-back):
+		// the owner's in-progress row is marked released, as release does.
+		// Unlike release it waits for a claim of the key still in flight:
+		// its INSERT meets the uncommitted row of that claim and waits for
+		// its transaction to end, then updates the row if the claim
+		// committed it, under the owner check. When no row holds the key,
+		// it writes one already released, under the request's fingerprint
+		// (a released first attempt), so that a claim that never arrived
+		// cannot take the key afterwards: its statement finds a row and
+		// inserts nothing. Another owner's row, or an answered or released
+		// one, is left as it is.
+		giveBack: r.Replace(`
+INSERT INTO {t} AS r (user_id, key, request_hash, owner_token, hold_until, released_at)
+VALUES ($1, $2, $3, $4, now(), now())
+ON CONFLICT (user_id, key) DO UPDATE SET released_at = now(), reconcile_after = NULL
+WHERE r.owner_token = excluded.owner_token AND r.response_status IS NULL AND r.released_at IS NULL`),
+
 		// $1 scope, $2 key, $3 retention. Run only after an update matched
 		// no row, to tell why.
 		inspect: r.Replace(`
@@ -199,6 +219,7 @@ WHERE (user_id, key) IN (
 	st.completeNotify = withNotify(st.complete, 8)
 	st.completeInNotify = withNotify(st.completeIn, 8)
 	st.releaseNotify = withNotify(st.release, 4)
+	st.giveBackNotify = withNotify(st.giveBack, 5)
 	return st
 }
 
