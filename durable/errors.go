@@ -84,6 +84,8 @@ func (e *opError) Unwrap() []error {
 //     Unicode escape, value out of range, ...) and 23514 (check violation)
 //     wrap idem.ErrInvalid;
 //   - 23505 (unique violation) wraps idem.ErrExists;
+//   - 26000 and 42P05 (a prepared statement missing, or another's of the
+//     same name) say what they mean behind a pooler (errStatementCache);
 //   - anything else is wrapped with the operation's name.
 //
 // The cause stays reachable with errors.Is and errors.As.
@@ -101,6 +103,8 @@ func translate(op string, err error) error {
 			kind = idem.ErrInvalid
 		case pgErr.Code == "23505":
 			kind = idem.ErrExists
+		case statementLost(err):
+			kind = errStatementCache
 		}
 	}
 	return &opError{op: op, kind: kind, err: err}
