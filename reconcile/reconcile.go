@@ -163,7 +163,19 @@ type Decision struct {
 // ResolveFunc learns the real outcome of a key left in progress. It must
 // honour ctx, which carries [Config.ResolveTimeout]. A returned error, like a
 // panic or an invalid Decision, counts as Unknown: it is logged and the key
-// is tried again after a backoff. It is called from one goroutine at a time.
+// is tried again after a backoff. A Reconciler calls it from one goroutine at
+// a time.
+//
+// WARNING: across a fleet it may run twice at once for one key. A leader
+// that is paused longer than its lease (a SIGSTOP, a VM pause: the lease
+// lasts four of the Reconciler's StoreTimeouts) cannot stop itself, and the
+// next leader resolves the same key meanwhile. The decisions are still
+// applied once per attempt: each is owner-checked in its statement, so the
+// key keeps the first one applied (the same Settled answer twice is one
+// answer; a later Release, or a Settle with another answer, is skipped), and
+// a client's retry is answered by it. What the resolver itself does is not
+// fenced: keep it a lookup, or make its side effects idempotent under the
+// key (idem.DownstreamKey), so that running it twice does no harm.
 type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 
 // Guard is how a Reconciler settles and releases keys, each restricted to
