@@ -24,7 +24,7 @@ import (
 type Due struct {
 	Scope, Key  string
 	Fingerprint idem.Fingerprint
-	Owner       idem.Token // the attempt's: Postpone and Defer act on it only
+	Owner       idem.Token // the attempt's: Postpone acts on it only
 	Intent      idem.Token
 	Attempt     int       // which attempt of the intent
 	CreatedAt   time.Time // the attempt's claim, on the database clock
