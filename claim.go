@@ -20,19 +20,20 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 	// t0 is when the claim was sent: the row's TTL counts down from it.
 	t0 := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, g.storeTimeout)
-	rec, claimed, err := g.store.Claim(cctx, ClaimParams{
+	p := ClaimParams{
 		// No Intent: a new key's intent is its first owner token, which
 		// keeps the row as narrow as before (the store writes no intent
 		// then); every later attempt gets an owner token of its own and
 		// keeps the intent.
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Owner: owner,
 		Hold: g.MaxHold(),
-	})
+	}
+	rec, claimed, err := g.store.Claim(cctx, p)
 	cancel()
 	g.tel.since(ctx, phaseClaim, t0)
 	if err != nil {
 		if ambiguous(err) {
-			g.giveBack(ctx, req, owner)
+			g.giveBack(ctx, req, p, t0)
 		}
 		return g.storeFailed(ctx, req, "claim", err)
 	}
@@ -60,27 +61,72 @@ func ambiguous(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// giveBackTimeout bounds the release of a claim that may have committed.
+// giveBackTimeout bounds each attempt to release a claim that may have
+// committed.
 const giveBackTimeout = time.Second
 
-// giveBack releases, owner-checked and best effort, a claim that may have
-// committed although the claim call failed, so that the key is not left in
-// progress with no execution behind it until a reconciler finds it: the work
-// never ran, so nothing happened. When the claim did not commit there is
-// nothing of this owner's to release, and the store says so.
-func (g *Guard) giveBack(ctx context.Context, req Request, owner Token) {
+// giveBacker is a store that can give back a claim whose reply was lost
+// without racing the claim's own commit: *durable.Store's GiveBack waits for
+// a claim of the key in flight, and writes a released row when there is
+// none, so that once it succeeds the claim can no longer hold the key.
+type giveBacker interface {
+	GiveBack(ctx context.Context, p ClaimParams) error
+}
+
+// giveBack releases, owner-checked, a claim that may have committed although
+// the claim call failed, so that the key is not left in progress with no
+// execution behind it until a reconciler finds it: the work never ran, so
+// nothing happened. A store that can tell (giveBacker) is asked until it
+// does, with growing pauses, for as long as the claim could have held the
+// key (MaxHold from the claim, t0): the request that made the claim waits
+// for it, as it would have for its work, so that its 503 comes only once
+// the key is free again (during a stalled synchronous standby, once the
+// standby answers). Past MaxHold the key is pending and the reconciler's.
+// Other stores get one owner-checked Release, which finds nothing when the
+// claim has not committed yet.
+func (g *Guard) giveBack(ctx context.Context, req Request, p ClaimParams, t0 time.Time) {
+	gb, ok := g.store.(giveBacker)
+	if !ok {
+		g.reportGiveBack(ctx, req, g.releaseOnce(ctx, p))
+		return
+	}
+	deadline := t0.Add(g.MaxHold())
+	var err error
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.storeTimeout, giveBackTimeout))
+		err = gb.GiveBack(rctx, p)
+		cancel()
+		if err == nil || settled(err) || time.Now().Add(pause).After(deadline) {
+			break
+		}
+		time.Sleep(pause) // after a failed attempt: nothing to wait for but time
+	}
+	g.reportGiveBack(ctx, req, err)
+}
+
+// releaseOnce is the give-back of a store without GiveBack.
+func (g *Guard) releaseOnce(ctx context.Context, p ClaimParams) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(g.storeTimeout, giveBackTimeout))
-	err := g.store.Release(rctx, req.Scope, req.Key, owner)
-	cancel()
+	defer cancel()
+	return g.store.Release(rctx, p.Scope, p.Key, p.Owner)
+}
+
+// settled reports whether a give-back's error says there is nothing (more)
+// to give back: another claim holds the key, it is answered, or released.
+func settled(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrCompleted)
+}
+
+func (g *Guard) reportGiveBack(ctx context.Context, req Request, err error) {
 	switch {
 	case err == nil:
 		g.tel.add(ctx, evReleased)
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: a claim whose reply was lost had committed; released it, the work did not run",
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: gave back a claim whose reply was lost; the work did not run",
 			slog.String("key_hash", keyHash(req)))
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotOwner):
-		// The claim did not commit (or not yet): nothing to give back.
+	case settled(err):
+		// The claim did not commit, or another holds the key: nothing to give back.
 	default:
-		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: could not release a claim whose reply was lost; if it committed, the key waits for reconciliation",
+		g.log.LogAttrs(ctx, slog.LevelWarn, "idem: could not give back a claim whose reply was lost; if it committed, the key waits for reconciliation",
 			slog.String("key_hash", keyHash(req)), slog.Any("error", err))
 	}
 }

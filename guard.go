@@ -55,7 +55,9 @@ type Locker interface {
 	// keeps the remaining TTL) or, given a nil state, deletes it, both only
 	// while the lease is still the caller's; when another holder has it, it
 	// returns the state held, how long ago that lease was taken (measured
-	// by the lease service's own clock), and a nil function. It returns an
+	// by the lease service's own clock against the TTL its writer gave it,
+	// negative when the service cannot tell: the Guard then reads the
+	// row), and a nil function. It returns an
 	// error when the service could not answer in time (the guard then
 	// claims without a lease) or ctx ended. The function reports an error
 	// only when it could not reach the service: a lease no longer held is
@@ -402,16 +404,10 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 		return Response{}, OutcomeKeyReused, ErrKeyReused
 	case rec.Answer == nil:
 		g.tel.add(ctx, evInProgress)
-		hold := rec.HoldUntil
-		if hold.IsZero() { // a row claimed before migration 0005
-			hold = rec.CreatedAt.Add(g.MaxHold())
-		}
-		if time.Now().After(hold) {
+		if time.Now().After(g.holdEnds(rec, read)) {
 			// The execution that claimed the key has ended for sure (its
 			// own deadline, whichever Guard claimed it): its outcome is
-			// unknown until a reconciler settles it. (The deadline is on
-			// the database's clock; skew of a few seconds only shifts when
-			// a key starts being reported pending.)
+			// unknown until a reconciler settles it.
 			return Response{}, OutcomeInProgress, ErrPending
 		}
 		return Response{}, OutcomeInProgress, ErrInProgress
@@ -420,6 +416,21 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 	resp := *rec.Answer
 	g.remember(req, resp, read.Add(rec.TTL))
 	return resp, OutcomeReplayed, nil
+}
+
+// holdEnds is when, on the local monotonic clock, the execution that holds
+// rec's attempt has ended for sure, rec having been read by a statement sent
+// at read. The store tells how long the attempt may hold the key (HoldUntil
+// less CreatedAt, both its claim's now) and how old it was (Age, on the
+// store's clock): only durations, which this Guard counts down from read,
+// so no host's clock is compared with the database's. A row claimed before
+// migration 0005 has no HoldUntil: this Guard's MaxHold stands in for it.
+func (g *Guard) holdEnds(rec Record, read time.Time) time.Time {
+	hold := g.MaxHold()
+	if !rec.HoldUntil.IsZero() {
+		hold = rec.HoldUntil.Sub(rec.CreatedAt)
+	}
+	return read.Add(hold - rec.Age)
 }
 
 // remember caches a finished answer of a key that expires in the store at
@@ -461,10 +472,11 @@ func (g *Guard) storeContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(context.WithoutCancel(ctx), g.storeTimeout)
 }
 
-// MaxHold is the longest a request keeps its key in progress, measured on
-// the database clock from its claim: the claim's own round trip, the
-// WorkTimeout and a second's grace for the work to return, the check of a joined answer, and every attempt to write the
-// answer or release the key, each bounded by StoreTimeout. A reconciler must
+// MaxHold is the longest a request keeps its key in progress, measured from
+// its claim: the claim's own round trip, the WorkTimeout and a second's
+// grace for the work to return, the check of a joined answer, and every
+// attempt to write the answer or release the key, each bounded by
+// StoreTimeout (a claim whose reply was lost is given back within it too). A reconciler must
 // leave keys younger than this alone, and the store's retention must be
 // longer.
 //

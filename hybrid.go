@@ -53,8 +53,9 @@ func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response,
 // answerFromLease answers a request that did not get the lease from the
 // state the lease holds, or from the row when the state cannot tell: an
 // unverified state under another fingerprint, an answer too large to copy,
-// or an in-progress state older than staleLease, which may have outlived
-// its answer (a copy lost, a key answered by an instance without Redis).
+// or an in-progress state older than staleLease, or of an age the lease
+// service cannot tell (negative), which may have outlived its answer (a copy
+// lost, a key answered by an instance without Redis).
 func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, held []byte, age time.Duration) (Response, Outcome, error) {
 	st, ok := decodeLease(held)
 	inProgress := st.kind == leaseClaiming || st.kind == leaseRunning || st.kind == leasePending
@@ -69,7 +70,7 @@ func (g *Guard) answerFromLease(ctx context.Context, req Request, work Work, hel
 		g.tel.add(ctx, evLeaseAnswered)
 		g.tel.add(ctx, evReplayed)
 		return st.resp, OutcomeReplayed, nil
-	case inProgress && age > staleLease:
+	case inProgress && (age < 0 || age > staleLease):
 		return g.readDecide(ctx, req, work, true)
 	}
 	g.tel.add(ctx, evLeaseAnswered)

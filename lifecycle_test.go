@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/reconcile"
 )
@@ -134,7 +135,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					// Retried for almost a whole retention, then settled.
 					ageKey(t, b.pool, b.store, r.Key, "23 hours 59 minutes 59 seconds")
 					retry()
-					res, err := rec.RunOnce(ctx)
+					res, err := rec.RunOnce(clock.WithHeadStart(ctx, time.Hour)) // as old on the reconciler's clock
 					require.NoError(t, err)
 					require.Equal(t, 1, res.Settled)
 					ageKey(t, b.pool, b.store, r.Key, "2 seconds") // past created_at + retention
@@ -144,7 +145,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					// retried past the retention, and never swept.
 					down.Store(true)
 					ageKey(t, b.pool, b.store, r.Key, "2 minutes")
-					_, err := rec.RunOnce(ctx)
+					_, err := rec.RunOnce(clock.WithHeadStart(ctx, time.Hour)) // as old on the reconciler's clock
 					require.NoError(t, err)
 					for range 3 {
 						ageKey(t, b.pool, b.store, r.Key, "10 hours")
@@ -158,7 +159,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					down.Store(false)
 					_, err = b.pool.Exec(ctx, `UPDATE `+b.store.Table()+` SET reconcile_after = now() WHERE key = $1`, r.Key)
 					require.NoError(t, err)
-					res, err := rec.RunOnce(ctx)
+					res, err := rec.RunOnce(clock.WithHeadStart(ctx, time.Hour))
 					require.NoError(t, err)
 					require.Equal(t, 1, res.Settled)
 					retry()
@@ -211,7 +212,9 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 		_, err = b.pool.Exec(ctx, `UPDATE `+b.store.Table()+` SET created_at = created_at - interval '1 minute' WHERE key = $1`, r.Key)
 		require.NoError(t, err)
 		for range 2 {
-			res, err := rec.RunOnce(ctx)
+			// Two minutes on the reconciler's clock too: past its MinAge,
+			// within the row's own hold (5 minutes and more).
+			res, err := rec.RunOnce(clock.WithHeadStart(ctx, 2*time.Minute))
 			require.NoError(t, err)
 			require.Zero(t, res.Released+res.Settled, "the live execution is left alone")
 		}
@@ -277,7 +280,7 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		}, nil)
 		require.NoError(t, err)
 		ageKey(t, b.pool, b.store, r.Key, "2 minutes")
-		res, err := rec.RunOnce(ctx)
+		res, err := rec.RunOnce(clock.WithHeadStart(ctx, 2*time.Minute))
 		require.NoError(t, err)
 		require.Equal(t, 1, res.Released)
 

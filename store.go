@@ -96,8 +96,15 @@ type Record struct {
 	CreatedAt time.Time
 	// HoldUntil is the store's time by which the current attempt's
 	// execution has ended for sure (its claim + ClaimParams.Hold); zero on
-	// rows claimed before migration 0005.
-	HoldUntil   time.Time
+	// rows claimed before migration 0005. HoldUntil less CreatedAt is the
+	// hold its claimer asked for, a duration: both are the claim's now.
+	HoldUntil time.Time
+	// Age is how old the current attempt was when the statement that
+	// returned the row ran: the store's now less CreatedAt, both on the
+	// store's clock. With the hold, it tells how long the attempt's
+	// execution may still run without comparing any host's clock with the
+	// store's (see Guard.MaxHold).
+	Age         time.Duration
 	CompletedAt time.Time // zero while in progress
 	// ReleasedAt is when the current attempt was released (nothing
 	// happened); zero otherwise. Only Claim returns a released row: to a

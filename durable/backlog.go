@@ -24,16 +24,17 @@ import (
 type Due struct {
 	Scope, Key  string
 	Fingerprint idem.Fingerprint
-	Owner       idem.Token // the attempt's: Postpone and Defer act on it only
+	Owner       idem.Token // the attempt's: Postpone acts on it only
 	Intent      idem.Token
 	Attempt     int       // which attempt of the intent
 	CreatedAt   time.Time // the attempt's claim, on the database clock
 	// Attempts is the number of earlier reconciliation attempts that could
 	// not learn the outcome.
 	Attempts int
-	// Ended reports whether the row is past its own deadline (hold_until),
-	// on the database clock: the execution that claimed it has ended.
-	Ended bool
+	// Hold is how long the attempt's execution may hold the key: hold_until
+	// less created_at, both its claim's now, so a duration that no clock
+	// step changes. 0 for a row claimed before migration 0005.
+	Hold time.Duration
 }
 
 func newBacklog(table, state string) *backlogStatements {
@@ -41,8 +42,8 @@ func newBacklog(table, state string) *backlogStatements {
 	return &st
 }
 
-// ListPostponed lists up to limit in-progress rows whose backoff (or
-// deadline, see [Store.Defer]) has ended, in the order it ended.
+// ListPostponed lists up to limit in-progress rows whose backoff has ended,
+// in the order it ended.
 func (s *Store) ListPostponed(ctx context.Context, limit int) ([]Due, error) {
 	ds, err := collectDue(s.db.Query(ctx, s.backlog.listPostponed, limit))
 	return ds, translate("list postponed", err)
@@ -93,21 +94,6 @@ func (s *Store) Postpone(ctx context.Context, d Due, attempts int, delay time.Du
 	return nil
 }
 
-// Defer hides the row of the attempt d names until its own deadline
-// (hold_until), without counting an attempt: [Store.ListPostponed] lists it
-// then. It fails as [Store.Postpone] does.
-func (s *Store) Defer(ctx context.Context, d Due) error {
-	const op = "defer"
-	tag, err := s.db.Exec(ctx, s.backlog.deferToHold, d.Scope, d.Key, d.Owner[:])
-	if err != nil {
-		return translate(op, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return s.why(ctx, op, d.Scope, d.Key, d.Owner)
-	}
-	return nil
-}
-
 func collectDue(rs pgx.Rows, err error) ([]Due, error) {
 	if err != nil {
 		return nil, err
@@ -117,9 +103,13 @@ func collectDue(rs pgx.Rows, err error) ([]Due, error) {
 			d                   Due
 			hash, owner, intent []byte
 			attempt, attempts   int32
+			holdUntil           *time.Time
 		)
-		if err := row.Scan(&d.Scope, &d.Key, &hash, &owner, &intent, &attempt, &d.CreatedAt, &attempts, &d.Ended); err != nil {
+		if err := row.Scan(&d.Scope, &d.Key, &hash, &owner, &intent, &attempt, &d.CreatedAt, &attempts, &holdUntil); err != nil {
 			return Due{}, err
+		}
+		if holdUntil != nil {
+			d.Hold = holdUntil.Sub(d.CreatedAt)
 		}
 		if len(hash) != len(d.Fingerprint) || len(owner) != len(d.Owner) || len(intent) != len(d.Intent) {
 			return Due{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",

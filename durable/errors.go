@@ -86,6 +86,8 @@ func (e *opError) Unwrap() []error {
 //   - 23505 (unique violation) wraps idem.ErrExists;
 //   - 42P01 (undefined table) and 42703 (undefined column) say that the
 //     schema lacks what this build needs: errNotMigrated names the fix;
+//   - 26000 and 42P05 (a prepared statement missing, or another's of the
+//     same name) say what they mean behind a pooler (errStatementCache);
 //   - anything else is wrapped with the operation's name.
 //
 // The cause stays reachable with errors.Is and errors.As.
@@ -105,6 +107,8 @@ func translate(op string, err error) error {
 			kind = idem.ErrExists
 		case pgErr.Code == "42P01", pgErr.Code == "42703":
 			kind = errNotMigrated
+		case statementLost(err):
+			kind = errStatementCache
 		}
 	}
 	return &opError{op: op, kind: kind, err: err}

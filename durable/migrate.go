@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemguard/idem/migrations"
 )
@@ -49,8 +50,22 @@ CREATE TABLE ` + versionTable + ` (
 //
 // When db is a pgx.Tx, Migrate runs in a savepoint of it and leaves its
 // search_path as it found it.
+//
+// When db is a *pgxpool.Pool whose connections cache prepared statements
+// (pgx's default, default_query_exec_mode=cache_statement), Migrate then
+// checks that they survive from one transaction to the next, and fails,
+// saying how to connect, when they do not: behind a pooler in transaction
+// mode that does not track them (PgBouncer before 1.21), statements would
+// fail at random with SQLSTATE 26000 or 42P05, and an answer write that
+// fails on every try leaves its key in progress until reconciled.
 func Migrate(ctx context.Context, db Beginner, cfg *Config) error {
-	return migrate(ctx, db, cfg, false, 0)
+	if err := migrate(ctx, db, cfg, false, 0); err != nil {
+		return err
+	}
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		return checkStatements(ctx, pool)
+	}
+	return nil
 }
 
 // MigrateDown undoes the migrations applied to the table of cfg (a nil cfg
@@ -96,7 +111,11 @@ func migrate(ctx context.Context, db Beginner, cfg *Config, down bool, to int64)
 		}
 	}()
 	if err := runMigrations(ctx, tx, &c, files, down, to); err != nil {
-		return &opError{op: op, err: err}
+		e := &opError{op: op, err: err}
+		if statementLost(err) {
+			e.kind = errStatementCache
+		}
+		return e
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return &opError{op: op, err: err}

@@ -19,6 +19,7 @@ const columns = `user_id, key, request_hash, owner_token, response_status,
 type statements struct {
 	claim, takeover, get, release string
 	releaseNotify                 string
+	giveBack, giveBackNotify      string
 	inspect, sweepBatch           string
 	// complete is the answer write; completeNotify announces it too.
 	complete, completeNotify string
@@ -215,6 +216,25 @@ UPDATE {t} SET released_at = now(), reconcile_after = NULL
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND released_at IS NULL`),
 
+		// $1 scope, $2 key, $3 fingerprint, $4 owner.
+		//
+		// Gives back a claim whose reply was lost (the Guard's give-back):
+		// the owner's in-progress row is marked released, as release does.
+		// Unlike release it waits for a claim of the key still in flight:
+		// its INSERT meets the uncommitted row of that claim and waits for
+		// its transaction to end, then updates the row if the claim
+		// committed it, under the owner check. When no row holds the key,
+		// it writes one already released, under the request's fingerprint
+		// (a released first attempt), so that a claim that never arrived
+		// cannot take the key afterwards: its statement finds a row and
+		// inserts nothing. Another owner's row, or an answered or released
+		// one, is left as it is.
+		giveBack: r.Replace(`
+INSERT INTO {t} AS r (user_id, key, request_hash, owner_token, hold_until, released_at)
+VALUES ($1, $2, $3, $4, now(), now())
+ON CONFLICT (user_id, key) DO UPDATE SET released_at = now(), reconcile_after = NULL
+WHERE r.owner_token = excluded.owner_token AND r.response_status IS NULL AND r.released_at IS NULL`),
+
 		// $1 scope, $2 key, $3 retention. Run only after an update matched
 		// no row, to tell why.
 		inspect: r.Replace(`
@@ -243,6 +263,7 @@ WHERE (user_id, key) IN (
 	st.completeNotify = withNotify(st.complete, 8)
 	st.completeAsyncNotify = withNotify(st.completeAsync, 8)
 	st.releaseNotify = withNotify(st.release, 4)
+	st.giveBackNotify = withNotify(st.giveBack, 5)
 	return st
 }
 
@@ -358,27 +379,27 @@ WHERE job = $1 AND holder = $2 AND expires_at > now()`),
 //     (minus an overlap) and now - MinAge, through the created_at index: a
 //     range of the rows created since the last run, not the whole day.
 //
-// A row is the reconciler's only once its execution has ended for sure: past
-// its own deadline, hold_until (the claim's now() plus the MaxHold of the
-// Guard that claimed it, migration 0005). A row claimed before migration 0005
-// has no hold_until, and the reconciler's MinAge alone protects it. Released
-// rows are not in progress: no claim holds them.
+// The listings say which rows may be due by the database's clock; whether
+// the execution that holds one has ended, the reconciler judges on its own
+// monotonic clock from the row's hold (hold_until - created_at, a duration:
+// both are the claim's now()), never by comparing hold_until with now(),
+// which a step of the database's clock would move. Released rows are not in
+// progress: no claim holds them.
 type backlogStatements struct {
-	listPostponed, listNew, window, mark, postpone, deferToHold string
+	listPostponed, listNew, window, mark, postpone string
 }
 
-// dueColumns is the select list of both listings, in the order scanDue
-// reads them; the last column says whether the row is past its own deadline.
+// dueColumns is the select list of both listings, in the order collectDue
+// reads them.
 const dueColumns = `user_id, key, request_hash, owner_token, coalesce(intent_id, owner_token), coalesce(attempt, 1),
-	created_at, reconcile_attempts, coalesce(hold_until <= now(), true)`
+	created_at, reconcile_attempts, hold_until`
 
 // newBacklogStatements builds them for the quoted, qualified table t and its
 // reconciler's table state.
 func newBacklogStatements(t, state string) backlogStatements {
 	r := strings.NewReplacer("{t}", t, "{state}", state, "{due}", dueColumns)
 	return backlogStatements{
-		// $1 limit. The rows whose backoff (or deadline, see deferToHold)
-		// ended, in the order it ended. A row in progress never expires,
+		// $1 limit. The rows whose backoff ended, in the order it ended. A row in progress never expires,
 		// so no retention bounds the list.
 		listPostponed: r.Replace(`
 SELECT {due} FROM {t}
@@ -421,14 +442,6 @@ ON CONFLICT (singleton) DO UPDATE SET scanned_to = excluded.scanned_to, updated_
 UPDATE {t} SET
 	reconcile_attempts = $4,
 	reconcile_after    = now() + $5::bigint * interval '1 microsecond'
-WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND released_at IS NULL`),
-
-		// $1 scope, $2 key, $3 owner. Hides a row listed before its
-		// deadline until the deadline, without counting an attempt: the
-		// postponed listing finds it then.
-		deferToHold: r.Replace(`
-UPDATE {t} SET reconcile_after = hold_until
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND released_at IS NULL`),
 	}

@@ -486,6 +486,40 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token
 	return s.why(ctx, op, scope, key, owner)
 }
 
+// GiveBack releases the claim p made if it committed although its reply was
+// lost (a timeout, a stalled synchronous standby, a connection cut mid
+// commit), so that the key is not left in progress with nothing running
+// behind it. It waits for a claim of the key still in flight to commit or
+// roll back, and when no row holds the key it writes one already released
+// under p's fingerprint, which no later arrival of the claim can take: so
+// once it returns nil, p's claim can no longer hold the key. It returns
+// idem.ErrNotOwner when another claim holds the key, idem.ErrCompleted when
+// the key is answered, and idem.ErrNotFound when the row is released
+// already (a give-back whose reply was lost, retried). One statement when it
+// succeeds.
+func (s *Store) GiveBack(ctx context.Context, p idem.ClaimParams) error {
+	const op = "give back"
+	if err := checkKey(op, p.Scope, p.Key); err != nil {
+		return err
+	}
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if s.cfg.Notify {
+		tag, err = s.db.Exec(ctx, s.sql.giveBackNotify, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.channel, keyTag(p.Scope, p.Key))
+	} else {
+		tag, err = s.db.Exec(ctx, s.sql.giveBack, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:])
+	}
+	if err != nil {
+		return translate(op, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	return s.why(ctx, op, p.Scope, p.Key, p.Owner)
+}
+
 // why runs after an update or delete of an in-progress row matched nothing,
 // and tells the caller why.
 func (s *Store) why(ctx context.Context, op, scope, key string, owner idem.Token) error {
@@ -602,6 +636,7 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	if holdUntil != nil {
 		rec.HoldUntil = *holdUntil
 	}
+	rec.Age = dbNow.Sub(rec.CreatedAt)
 	if status == nil {
 		return rec, nil
 	}

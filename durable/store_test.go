@@ -684,10 +684,10 @@ func TestContextErrors(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
-// row is rec without its TTL, which each read measures anew: two reads of an
-// unchanged row differ only in it.
+// row is rec without its TTL and Age, which each read measures anew: two
+// reads of an unchanged row differ only in them.
 func row(rec idem.Record) idem.Record {
-	rec.TTL = 0
+	rec.TTL, rec.Age = 0, 0
 	return rec
 }
 

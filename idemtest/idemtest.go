@@ -189,11 +189,14 @@ var storeCases = []struct {
 		require.False(t, rec.CreatedAt.IsZero())
 		require.Equal(t, rec.CreatedAt.Add(p.Hold), rec.HoldUntil, "the owner's deadline: its claim + Hold")
 		require.True(t, rec.CompletedAt.IsZero())
+		require.GreaterOrEqual(t, rec.Age, time.Duration(0), "the claim's own statement: no older than the claim")
+		require.Less(t, rec.Age, p.Hold, "the claim's own statement")
 		require.Greater(t, rec.TTL, time.Duration(0), "a new row lives")
 		require.LessOrEqual(t, rec.TTL, x.s.Retention(), "no longer than the retention")
 		again := x.get(t, p.Scope, p.Key)
 		require.LessOrEqual(t, again.TTL, rec.TTL, "a later read finds less life left")
-		again.TTL = rec.TTL
+		require.GreaterOrEqual(t, again.Age, rec.Age, "a later read finds the attempt older")
+		again.TTL, again.Age = rec.TTL, rec.Age
 		require.Equal(t, rec, again)
 
 		q := params(t, "user-1", "key-2", "a")

@@ -29,9 +29,9 @@ type MemStoreConfig struct {
 	// PostgreSQL store. It is called with the store's lock held, so it must
 	// not call the store.
 	//
-	// WARNING: the Guard compares CreatedAt with its own time.Now: a clock
-	// far behind the wall clock makes every in-progress key look abandoned
-	// (idem.ErrPending). To expire one key, prefer [MemStore.Age].
+	// The Guard reads only durations from the store (Record.Age, Record.TTL,
+	// the hold), so a clock far from the wall clock changes nothing but
+	// the times it stamps. To expire one key, use [MemStore.Age].
 	//
 	// Defaults to time.Now.
 	Now func() time.Time
@@ -331,6 +331,7 @@ func (s *MemStore) record(r *memRow, k memKey, now time.Time) (idem.Record, erro
 		HoldUntil:   r.holdUntil,
 		CompletedAt: r.completedAt,
 		ReleasedAt:  r.releasedAt,
+		Age:         now.Sub(r.createdAt),
 		TTL:         s.retention, // in progress: never expires
 	}
 	if !r.completedAt.IsZero() {

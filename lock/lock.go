@@ -2,12 +2,15 @@
 // what is known about one idempotency key, so that requests that must not run
 // can be answered at Redis speed.
 //
-// The value of a lease is a random owner token followed by a state: opaque
-// bytes that the caller chooses (idem stores "running with this fingerprint"
-// and, once the answer is committed, a copy of it). [Locker.Obtain] takes a
-// free key or, in the same round trip, returns the state it holds and its
-// remaining TTL: SET <key> <value> NX GET PX <ttl>, then PTTL <key>, sent
-// together. Replacing, releasing and refreshing are compare-and-act Lua
+// The value of a lease is a random owner token, the TTL the key was last
+// given ("|30000|", in milliseconds), then a state: opaque bytes that the
+// caller chooses (idem stores "running with this fingerprint" and, once the
+// answer is committed, a copy of it). [Locker.Obtain] takes a free key or, in
+// the same round trip, returns the state it holds and its remaining TTL: SET
+// <key> <value> NX GET PX <ttl>, then PTTL <key>, sent together. The TTL in
+// the value is what the age of a held lease is measured against (see
+// [Locker.TryLock]), so that Lockers with different Config.TTLs can share
+// keys. Replacing, releasing and refreshing are compare-and-act Lua
 // scripts (embedded from the .lua files of this package) that check the
 // token: nobody can change a lease they do not hold, even after theirs has
 // expired and another caller has taken the key. [Locker.Set] and
@@ -44,6 +47,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -197,8 +201,11 @@ func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*
 }
 
 // obtainOrRead is Obtain that also returns, for a held key, how long ago its
-// lease was taken or last given a TTL of the Locker's (Config.TTL less the
-// remaining TTL; 0 for a value written with a longer TTL by Set).
+// value was written or last given a TTL, by Redis's clock: the TTL the value
+// records (its writer's, whatever this Locker's Config.TTL) less the
+// remaining TTL. The age is negative when it cannot be told: a value written
+// by an older version records no TTL, and a remaining TTL longer than the one
+// recorded means Redis's clock stepped back since it was set.
 //
 // The SET and the PTTL go in one pipeline on one connection, so Redis runs
 // them back to back; should another client's command come between them all
@@ -210,7 +217,7 @@ func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []by
 	defer cancel()
 	var pttl *redis.DurationCmd
 	cmd, err := l.pipe.do(cctx, 2, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
-		set := c.SetArgs(ctx, lease.key, lease.value(state), redis.SetArgs{Mode: "NX", Get: true, TTL: l.cfg.TTL})
+		set := c.SetArgs(ctx, lease.key, lease.value(state, l.cfg.TTL), redis.SetArgs{Mode: "NX", Get: true, TTL: l.cfg.TTL})
 		pttl = c.PTTL(ctx, lease.key)
 		return set
 	})
@@ -220,11 +227,12 @@ func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []by
 	case err != nil:
 		return nil, nil, 0, l.wrap(ctx, "obtain", err)
 	}
-	var age time.Duration
-	if rem, err := pttl.Result(); err == nil && rem > 0 {
-		age = max(l.cfg.TTL-rem, 0)
+	held, basis := parseValue(cmd.(*redis.StatusCmd).Val())
+	age := time.Duration(-1)
+	if rem, err := pttl.Result(); err == nil && rem > 0 && basis > 0 && rem <= basis {
+		age = basis - rem
 	}
-	return nil, stateOf(cmd.(*redis.StatusCmd).Val()), age, ErrNotObtained
+	return nil, held, age, ErrNotObtained
 }
 
 // tokenLen is the length of an owner token (crypto/rand.Text).
@@ -234,12 +242,29 @@ var tokenLen = len(rand.Text())
 // crypto/rand.Text never yields, so no holder's token ever matches it.
 var unowned = strings.Repeat("-", tokenLen)
 
-// stateOf returns the state part of a lease's value.
-func stateOf(v string) []byte {
+// withTTL is the part of a value that records the TTL it was given.
+func withTTL(ttl time.Duration) string {
+	return "|" + strconv.FormatInt(ttl.Milliseconds(), 10) + "|"
+}
+
+// parseValue returns the state part of a lease's value and the TTL it
+// records, 0 when it records none (a value of an older version).
+func parseValue(v string) (state []byte, ttl time.Duration) {
 	if len(v) <= tokenLen {
-		return nil
+		return nil, 0
 	}
-	return []byte(v[tokenLen:])
+	rest := v[tokenLen:]
+	if after, ok := strings.CutPrefix(rest, "|"); ok {
+		if field, state, ok := strings.Cut(after, "|"); ok {
+			if ms, err := strconv.ParseInt(field, 10, 64); err == nil && ms > 0 {
+				rest, ttl = state, time.Duration(ms)*time.Millisecond
+			}
+		}
+	}
+	if rest == "" {
+		return nil, ttl
+	}
+	return []byte(rest), ttl
 }
 
 // Set writes state as the value of (scope, key) for ttl (millisecond
@@ -268,7 +293,7 @@ func (l *Locker) Set(scope, key string, state []byte, ttl time.Duration, answere
 	}
 	now := time.Now()
 	expires, giveUp := now.Add(ttl), now.Add(l.cfg.Timeout)
-	v := unowned + string(state)
+	v := unowned + withTTL(ttl) + string(state)
 	k := l.Key(scope, key)
 	l.pipe.later(&call{
 		ctx: context.Background(), n: 1, expires: expires, giveUp: giveUp,
@@ -329,8 +354,15 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 // state and TTL (0 keeps the remaining life) while the caller still holds it,
 // or deletes it when given a nil state; a lease no longer held is left alone,
 // and that is not an error. When another caller holds the key, it returns the
-// state held, how long ago that lease was taken (Config.TTL less its remaining
-// TTL), and a nil function, with a nil error.
+// state held, how long ago that value was written or last given a TTL (the
+// TTL it was given less its remaining TTL), and a nil function, with a nil
+// error.
+//
+// The age is measured against the TTL the held value records, its writer's:
+// Lockers with different Config.TTLs read each other's leases' ages right. It
+// is negative when it cannot be told (a value of an older version, which
+// records no TTL, or a remaining TTL longer than the one recorded: Redis's
+// clock stepped back); idem then reads the row rather than trust the state.
 func (l *Locker) TryLock(ctx context.Context, scope, key string, state []byte) (held []byte, age time.Duration, replace func(context.Context, []byte, time.Duration) error, err error) {
 	lease, held, age, err := l.obtainOrRead(ctx, scope, key, state)
 	switch {
@@ -395,7 +427,7 @@ func (l *Lease) Token() string { return l.token }
 // ErrNotHeld when the lease has expired or belongs to someone else now; then
 // nothing is deleted.
 func (l *Lease) Release(ctx context.Context) error {
-	n, err := l.run(ctx, "release", l.locker.replace, l.token, "", 0)
+	n, err := l.run(ctx, "release", l.locker.replace, l.token, "", 0, 1)
 	if err != nil {
 		return err
 	}
@@ -413,7 +445,7 @@ func (l *Lease) Replace(ctx context.Context, state []byte, ttl time.Duration) er
 	if ttl != 0 && ttl < time.Millisecond {
 		return fmt.Errorf("lock: replace: ttl %v below 1ms", ttl)
 	}
-	n, err := l.run(ctx, "replace", l.locker.replace, l.token, l.value(state), ttl.Milliseconds())
+	n, err := l.run(ctx, "replace", l.locker.replace, l.token, string(state), ttl.Milliseconds(), 0)
 	if err != nil {
 		return err
 	}
@@ -423,10 +455,10 @@ func (l *Lease) Replace(ctx context.Context, state []byte, ttl time.Duration) er
 	return nil
 }
 
-// value is the Redis value of the lease holding state: its token, then the
-// state.
-func (l *Lease) value(state []byte) string {
-	return l.token + string(state)
+// value is the Redis value of the lease holding state with ttl: its token,
+// the TTL, then the state.
+func (l *Lease) value(state []byte, ttl time.Duration) string {
+	return l.token + withTTL(ttl) + string(state)
 }
 
 // Refresh sets the lease's remaining life to ttl (millisecond precision) if it

@@ -59,7 +59,7 @@ func TestObtainReleaseRefresh(t *testing.T) {
 		// The value is the random owner token and the TTL is the configured one.
 		val, err := c.Get(ctx, lease.Key()).Result()
 		require.NoError(t, err)
-		require.Equal(t, lease.Token(), val)
+		require.Equal(t, lease.Token()+"|30000|", val, "the token, then the TTL it was given")
 		require.GreaterOrEqual(t, len(val), 16)
 		ttl, err := lease.TTL(ctx)
 		require.NoError(t, err)
@@ -147,7 +147,7 @@ func TestExpiredLeaseCannotTouchNewHolder(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, first.Release(ctx), lock.ErrNotHeld)
 	require.ErrorIs(t, first.Refresh(ctx, time.Minute), lock.ErrNotHeld)
-	require.Equal(t, second.Token(), mustGet(t, mr, second.Key()))
+	require.Equal(t, second.Token()+"|10000|", mustGet(t, mr, second.Key()))
 	require.NoError(t, second.Release(ctx))
 }
 
@@ -357,9 +357,61 @@ func TestHeldLeaseAge(t *testing.T) {
 	require.Equal(t, []byte("s"), held)
 	require.Equal(t, 12*time.Second, age)
 
-	// A value Set for longer than a lease's TTL is not old.
+	// A value Set for longer than a lease's TTL is as old as its write,
+	// measured against the TTL it was given.
 	require.NoError(t, set(l, "u", "k", []byte("copy"), time.Hour))
 	_, age, _, err = l.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
-	require.Zero(t, age)
+	require.GreaterOrEqual(t, age, time.Duration(0))
+	require.Less(t, age, time.Second)
+}
+
+// A held lease's age is measured against the TTL its writer gave it, which
+// the value records, so Lockers with different TTLs agree; an age that
+// cannot be told (a remaining TTL above the recorded one, as after Redis's
+// clock stepped back, or a value of an older version that records no TTL) is
+// negative.
+func TestHeldLeaseAgeAcrossTTLs(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	writer, err := lock.New(c, &lock.Config{TTL: 300 * time.Second})
+	require.NoError(t, err)
+	reader, err := lock.New(c, &lock.Config{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	ctx := context.Background()
+	lease, _, err := writer.Obtain(ctx, "u", "k", []byte("s"))
+	require.NoError(t, err)
+	mr.FastForward(6 * time.Second)
+	held, age, _, err := reader.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, []byte("s"), held)
+	require.Equal(t, 6*time.Second, age, "the writer's 300 s less its remaining 294 s")
+
+	// Replace keeping the TTL keeps what the age is measured against;
+	// Refresh records the new TTL.
+	require.NoError(t, lease.Replace(ctx, []byte("t"), 0))
+	held, age, _, err = reader.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, []byte("t"), held)
+	require.Equal(t, 6*time.Second, age)
+	require.NoError(t, lease.Refresh(ctx, 20*time.Second))
+	mr.FastForward(time.Second)
+	_, age, _, err = reader.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, time.Second, age)
+
+	// Redis's clock stepped back 10 minutes: the key lives longer than it
+	// was given.
+	mr.SetTTL(lease.Key(), 20*time.Second+10*time.Minute)
+	_, age, _, err = reader.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Negative(t, age)
+
+	// A value of an older version: the token, then the state.
+	require.NoError(t, mr.Set(lease.Key(), lease.Token()+"s"))
+	mr.SetTTL(lease.Key(), 30*time.Second)
+	held, age, _, err = reader.TryLock(ctx, "u", "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, []byte("s"), held)
+	require.Negative(t, age)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/lock"
@@ -204,7 +205,8 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 		}
 		b.seedExpired(t, "old", "k1")
 
-		ctx, cancel := context.WithCancel(b.ctx)
+		// The row aged on the database's clock is as old on the reconciler's.
+		ctx, cancel := context.WithCancel(clock.WithHeadStart(b.ctx, time.Hour))
 		stopped := make(chan error, 1)
 		go func() { stopped <- svc.Run(ctx) }()
 		require.Equal(t, reconcile.Result{Settled: 1}, receive(t, b.results, "reconcile run"))

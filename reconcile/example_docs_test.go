@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/reconcile"
 )
 
@@ -87,10 +88,13 @@ func ExampleNew() {
 		return idem.Response{Status: http.StatusGatewayTimeout}, nil
 	})
 	fmt.Println("request:", resp.Status, out)
-	// Only so that the example runs at once: pretend two minutes passed.
+	// Only so that the example runs at once: pretend two minutes passed, on
+	// the database's clock and on the reconciler's own (a test hook of this
+	// module; a reconciler counts MinAge from when it first lists a key).
 	if _, err := pool.Exec(ctx, "UPDATE "+store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute'"); err != nil {
 		log.Fatal(err)
 	}
+	ctx = clock.WithHeadStart(ctx, 2*time.Minute)
 
 	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 		orderID := idem.DeriveID("ord_", "order", it.Intent) // as the request derived it

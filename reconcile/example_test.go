@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/reconcile"
 )
 
@@ -78,10 +79,13 @@ func ExampleReconciler_RunOnce() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Only so that the example runs at once: pretend two minutes passed.
+	// Only so that the example runs at once: pretend two minutes passed, on
+	// the database's clock and on the reconciler's own (a test hook of this
+	// module; a reconciler counts MinAge from when it first lists a key).
 	if _, err := pool.Exec(ctx, "UPDATE "+store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute'"); err != nil {
 		log.Fatal(err)
 	}
+	ctx = clock.WithHeadStart(ctx, 2*time.Minute)
 	res, err := rec.RunOnce(ctx)
 	if err != nil {
 		log.Fatal(err)

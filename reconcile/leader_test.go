@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/reconcile"
 )
@@ -33,7 +34,8 @@ func newFleet(t *testing.T, pool func(testing.TB) *pgxpool.Pool) *fleet {
 	direct := testdb.Pool(t)
 	cfg := &durable.Config{Schema: testdb.Schema(t, direct)}
 	require.NoError(t, durable.Migrate(t.Context(), direct, cfg))
-	return &fleet{ctx: t.Context(), direct: direct, cfg: cfg, pool: pool, lead: &leadership{t: t}}
+	ctx := clock.WithHeadStart(t.Context(), time.Hour) // as in setup
+	return &fleet{ctx: ctx, direct: direct, cfg: cfg, pool: pool, lead: &leadership{t: t}}
 }
 
 // instance starts one instance whose reconciler resolves with resolve.

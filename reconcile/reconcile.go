@@ -4,9 +4,9 @@
 // payment went through"), or whose process died mid-work, leaves its key in
 // progress: every retry gets idem.ErrInProgress (409); such a key never
 // expires. A [Reconciler] finds those keys once the execution that claimed
-// each has ended for sure (the row's own deadline, set by the Guard that
-// claimed it) and they have been in progress longer than [Config.MinAge], and
-// asks a [ResolveFunc] of yours what really happened,
+// each has ended for sure (the row's own hold, set by the Guard that claimed
+// it, and [Config.MinAge], both counted on the Reconciler's own clock; see
+// Finding due keys), and asks a [ResolveFunc] of yours what really happened,
 // for example by asking the payment provider about the downstream key the
 // request used. The answer decides:
 //
@@ -65,14 +65,20 @@
 // changes of the reconciling instance. A claim whose commit reached the table
 // more than twice MinAge after its statement began is not listed.
 //
-// A key is in progress while its work runs, too. The row carries the deadline
-// of the execution that holds it (hold_until: its claim plus the MaxHold of
-// the Guard that claimed it, migration 0005), and the Reconciler leaves a
-// row alone until then, so Guards with different settings may share a table
-// and a rolling deploy may change them. [Config.MinAge] is a margin on top,
-// and alone protects rows claimed before migration 0005: it must be longer
-// than the Guard's MaxHold, and [New] refuses a shorter one. The store's
-// retention must be longer than MinAge plus Interval.
+// A key is in progress while its work runs, too. The row carries how long
+// the execution that holds it may run (its hold: hold_until less created_at,
+// the MaxHold of the Guard that claimed it, migration 0005), and the
+// Reconciler acts on a key only once that hold and [Config.MinAge] have both
+// passed on its own monotonic clock since it first listed that attempt
+// there. The database's clock only decides which rows are listed: one that
+// steps forward lists a running key early, but cannot make it due, so Guards
+// with different settings may share a table and a host's clock may step. A
+// Reconciler that has not listed a key before (a new leader, a restart)
+// counts afresh: a key left in progress is settled about MinAge after it is
+// listed, which is MinAge after its claim on the database's clock, so about
+// twice MinAge (plus up to one Interval) after its claim. MinAge must be
+// longer than the Guard's MaxHold, and [New] refuses a shorter one. The
+// store's retention must be longer than MinAge plus Interval.
 package reconcile
 
 import (
@@ -82,12 +88,14 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/periodic"
 )
 
@@ -158,7 +166,19 @@ type Decision struct {
 // ResolveFunc learns the real outcome of a key left in progress. It must
 // honour ctx, which carries [Config.ResolveTimeout]. A returned error, like a
 // panic or an invalid Decision, counts as Unknown: it is logged and the key
-// is tried again after a backoff. It is called from one goroutine at a time.
+// is tried again after a backoff. A Reconciler calls it from one goroutine at
+// a time.
+//
+// WARNING: across a fleet it may run twice at once for one key. A leader
+// that is paused longer than its lease (a SIGSTOP, a VM pause: the lease
+// lasts four of the Reconciler's StoreTimeouts) cannot stop itself, and the
+// next leader resolves the same key meanwhile. The decisions are still
+// applied once per attempt: each is owner-checked in its statement, so the
+// key keeps the first one applied (the same Settled answer twice is one
+// answer; a later Release, or a Settle with another answer, is skipped), and
+// a client's retry is answered by it. What the resolver itself does is not
+// fenced: keep it a lookup, or make its side effects idempotent under the
+// key (idem.DownstreamKey), so that running it twice does no harm.
 type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 
 // Guard is how a Reconciler settles and releases keys, each restricted to
@@ -205,8 +225,6 @@ type Store interface {
 	// Postpone records attempts failed attempts on the listed attempt of a
 	// key and hides it for delay.
 	Postpone(ctx context.Context, d durable.Due, attempts int, delay time.Duration) error
-	// Defer hides the listed attempt of a key until its own deadline.
-	Defer(ctx context.Context, d durable.Due) error
 }
 
 // Defaults of [Config].
@@ -226,12 +244,13 @@ type Config struct {
 	// next. Defaults to 30s.
 	Interval time.Duration
 	// MinAge is how long a key must have been in progress before it is
-	// reconciled, on top of its own deadline (the row's hold_until: the
-	// reconciler never acts on a row before it, whichever Guard claimed
-	// it). It must be longer than the Guard's MaxHold, which alone bounds
-	// rows claimed before migration 0005, and with Interval shorter than
-	// the store's retention. Defaults to 1m (the Guard's default MaxHold is
-	// 46.5s).
+	// reconciled: by the database's clock to be listed, then on the
+	// Reconciler's own monotonic clock from that first listing, beside the
+	// row's own hold (the reconciler never acts on a row before that has
+	// passed too, whichever Guard claimed it). It must be longer than the
+	// Guard's MaxHold, which stands in for the hold of rows claimed before
+	// migration 0005, and with Interval shorter than the store's
+	// retention. Defaults to 1m (the Guard's default MaxHold is 46.5s).
 	MinAge time.Duration
 	// BatchSize is the number of keys listed per statement. A run handles
 	// batches until no due key is left or ctx ends. Defaults to 100.
@@ -304,7 +323,20 @@ type Reconciler struct {
 	leader  *durable.Leader
 	loop    periodic.Runner
 	metrics metrics
+
+	mu        sync.Mutex
+	sightings map[attempt]sighting // see wait
 }
+
+// attempt names one attempt of a key: its owner token is drawn by its claim.
+type attempt struct {
+	scope, key string
+	owner      idem.Token
+}
+
+// sighting is when, on the Reconciler's monotonic clock, it first and last
+// listed an attempt.
+type sighting struct{ first, last time.Time }
 
 // New returns a Reconciler that settles and releases keys through guard,
 // finds them in store (the Guard's store), holds its lease on db, and asks
@@ -379,13 +411,14 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		return nil, fmt.Errorf("reconcile: Config.MeterProvider: %w", err)
 	}
 	return &Reconciler{
-		guard:   guard,
-		store:   store,
-		resolve: resolve,
-		cfg:     c,
-		log:     guard.Logger(),
-		leader:  leader,
-		metrics: m,
+		guard:     guard,
+		store:     store,
+		resolve:   resolve,
+		cfg:       c,
+		log:       guard.Logger(),
+		leader:    leader,
+		metrics:   m,
+		sightings: make(map[attempt]sighting),
 	}, nil
 }
 
@@ -445,16 +478,12 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 // key could be neither settled, released nor postponed, just before that key,
 // so that the next run lists it again.
 func (r *Reconciler) run(ctx context.Context, res *Result) error {
-	type ident struct {
-		scope, key string
-		owner      idem.Token
-	}
-	seen := make(map[ident]bool)
+	seen := make(map[attempt]bool)
 	// handleAll handles the keys of batch not seen yet in this run. It
 	// reports how many it handled, and the first one still due after it.
 	handleAll := func(batch []durable.Due) (handled int, stuck *durable.Due, err error) {
 		for i, d := range batch {
-			id := ident{d.Scope, d.Key, d.Owner}
+			id := attempt{d.Scope, d.Key, d.Owner}
 			if seen[id] {
 				continue
 			}
@@ -530,7 +559,56 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 	if err := call(func(ctx context.Context) error { return r.store.MarkScanned(ctx, mark) }); err != nil {
 		return fmt.Errorf("mark the scan: %w", err)
 	}
+	r.forgetStale(clock.Now(ctx))
 	return nil
+}
+
+// wait reports how much longer, on the Reconciler's own monotonic clock, it
+// must leave the listed attempt d alone: the attempt's hold (d.Hold, or for a
+// row claimed before migration 0005 the Guard's MaxHold) and MinAge, each
+// counted from when this Reconciler first listed that owner on that key.
+// Only this process's clock decides: a database clock that stepped forward
+// lists a live attempt early, but cannot make it due. A Reconciler that has
+// not seen an attempt before (a new leader, a restart) counts afresh, which
+// delays a key, never settles one early; an owner token is drawn by its
+// claim, so a sighting proves the claim came before it.
+func (r *Reconciler) wait(ctx context.Context, d durable.Due) time.Duration {
+	now := clock.Now(ctx)
+	hold := d.Hold
+	if hold <= 0 {
+		hold = r.guard.MaxHold()
+	}
+	id := attempt{d.Scope, d.Key, d.Owner}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.sightings[id]
+	if !ok {
+		s.first = now.Add(-clock.HeadStart(ctx))
+	}
+	s.last = now
+	r.sightings[id] = s
+	return max(hold, r.cfg.MinAge) - now.Sub(s.first)
+}
+
+// forget drops the sighting of an attempt that is no longer due.
+func (r *Reconciler) forget(d durable.Due) {
+	r.mu.Lock()
+	delete(r.sightings, attempt{d.Scope, d.Key, d.Owner})
+	r.mu.Unlock()
+}
+
+// forgetStale drops the sightings of attempts not listed for longer than a
+// postponed key can stay hidden (BackoffMax) and two runs more: finished by
+// someone else, or never due again. Dropping a sighting too early only makes
+// the next listing count afresh.
+func (r *Reconciler) forgetStale(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, s := range r.sightings {
+		if now.Sub(s.last) > r.cfg.BackoffMax+2*r.cfg.Interval+r.cfg.MinAge {
+			delete(r.sightings, id)
+		}
+	}
 }
 
 // handle resolves one key and applies the decision, counting it in res. It
@@ -538,23 +616,13 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 // changed by someone else.
 func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
 	log := r.log.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
-	if !d.Ended {
-		// The execution that holds the key may still run (a Guard with a
-		// longer MaxHold claimed it): leave it alone until its deadline.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
-		defer cancel()
-		err := r.store.Defer(sctx, d)
-		switch {
-		case gone(err):
-			res.Skipped++
-			return true
-		case err != nil:
-			res.Errors++
-			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not defer a key to its deadline", slog.Any("error", err))
-			return false
-		}
-		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile left a key alone until its own deadline")
-		return true
+	if left := r.wait(ctx, d); left > 0 {
+		// The execution that holds the key may still run, whatever the
+		// database's clock says: leave it due, untouched, and look again
+		// at the next run.
+		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile leaves a key alone until its hold has passed on its own clock",
+			slog.Duration("left", left))
+		return false
 	}
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: d.Intent,
 		Attempt: d.Attempt, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
@@ -591,6 +659,9 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 			err = r.guard.Settle(sctx, d.Scope, d.Key, d.Owner, dec.Response)
 		} else {
 			err = r.guard.Release(sctx, d.Scope, d.Key, d.Owner)
+		}
+		if err == nil || gone(err) {
+			r.forget(d)
 		}
 		switch {
 		case gone(err):
@@ -654,6 +725,7 @@ func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.D
 	err := r.store.Postpone(ctx, d, attempts, delay)
 	switch {
 	case gone(err):
+		r.forget(d)
 		res.Skipped++
 		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
 		return false, false

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/lock"
@@ -103,7 +104,9 @@ func start(t *testing.T, args ...string) *app {
 // startRaw runs the service with exactly args.
 func startRaw(t *testing.T, args ...string) *app {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	// The rows a test ages on the database's clock are as old on the
+	// reconciler's own (reconcile counts MinAge from its first listing).
+	ctx, cancel := context.WithCancel(clock.WithHeadStart(context.Background(), time.Hour))
 	stdout := newReadyWriter()
 	stderr := &syncBuffer{}
 	finished := make(chan struct{})

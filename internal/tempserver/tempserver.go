@@ -197,6 +197,7 @@ type Postgres struct {
 	dir    string // owned by the server's user; holds data/, the socket, the log
 	port   int
 	runAs  *account
+	env    []string // more environment for the server (StartPostgresWithClock)
 	mu     sync.Mutex
 	online bool
 }
@@ -209,6 +210,56 @@ type Postgres struct {
 // /usr/lib/postgresql/*/bin. It is a heavy test's (internal/heavy): tb is
 // skipped unless those run.
 func StartPostgres(tb testing.TB) *Postgres {
+	tb.Helper()
+	return startPostgres(tb, nil)
+}
+
+// libfaketime is the library StartPostgresWithClock preloads (Debian's
+// faketime package).
+const libfaketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+// StartPostgresWithClock is StartPostgres with the server's wall clock under
+// the test's control: the server runs under libfaketime, and step moves its
+// clock to d away from the host's (now() and every timestamp the server
+// takes; its monotonic clock is left alone), at once for every server
+// process. Without libfaketime tb is skipped, or fails under CI=true.
+func StartPostgresWithClock(tb testing.TB) (p *Postgres, step func(d time.Duration)) {
+	tb.Helper()
+	heavy.Gate(tb)
+	if _, err := os.Stat(libfaketime); err != nil {
+		missing(tb, libfaketime, "apt-get install faketime")
+	}
+	dir, err := os.MkdirTemp("", "idem-pg-clock-")
+	if err != nil {
+		tb.Fatalf("tempserver: %v", err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatalf("tempserver: %v", err)
+	}
+	file := filepath.Join(dir, "offset")
+	step = func(d time.Duration) {
+		tb.Helper()
+		// Written whole, then renamed: a server process never reads half.
+		tmp := file + ".new"
+		if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%+d\n", int64(d/time.Second))), 0o644); err != nil {
+			tb.Fatalf("tempserver: %v", err)
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			tb.Fatalf("tempserver: %v", err)
+		}
+	}
+	step(0)
+	p = startPostgres(tb, []string{
+		"LD_PRELOAD=" + libfaketime,
+		"FAKETIME_TIMESTAMP_FILE=" + file,
+		"FAKETIME_NO_CACHE=1",
+		"FAKETIME_DONT_FAKE_MONOTONIC=1",
+	})
+	return p, step
+}
+
+func startPostgres(tb testing.TB, env []string) *Postgres {
 	tb.Helper()
 	heavy.Gate(tb)
 	initdb, pgCtl := pgBinaries()
@@ -234,6 +285,7 @@ func StartPostgres(tb testing.TB) *Postgres {
 		"--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions").CombinedOutput(); err != nil {
 		tb.Fatalf("tempserver: initdb: %v\n%s", err, out)
 	}
+	p.env = env // the server's, not initdb's
 	var last error
 	for range 3 {
 		if p.port, last = freePort(); last != nil {
@@ -317,7 +369,7 @@ func (p *Postgres) Stop(mode string) error {
 func (p *Postgres) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = p.dir
-	env := []string{"LC_ALL=C", "PATH=" + os.Getenv("PATH")}
+	env := append([]string{"LC_ALL=C", "PATH=" + os.Getenv("PATH")}, p.env...)
 	if p.runAs != nil && p.runAs.home != "" {
 		env = append(env, "HOME="+p.runAs.home)
 	}
