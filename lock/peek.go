@@ -40,6 +40,6 @@ func (l *Locker) Peek(ctx context.Context, scope, key string) (state []byte, ttl
 	if err != nil {
 		return nil, 0, l.wrap(ctx, "peek", err)
 	}
-	state, _ := parseValue(v)
+	state, _ = parseValue(v)
 	return state, max(pttl.Val(), 0), nil
 }
