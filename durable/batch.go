@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,8 +15,9 @@ import (
 // otherwise wait for a connection of the pool.
 //
 // A request goes at once, alone, in its caller's goroutine, with the one-key
-// statement and the caller's context, unless every connection of the pool is
-// taken and a statement of its kind is in flight: a lone caller, and any
+// statement and the caller's context, unless the Store's statements in
+// flight take every connection of its pool and one of them is of the
+// request's kind: a lone caller, and any
 // load the pool serves without queueing, pays exactly what it would without
 // the batcher. A request that would wait for a connection waits in the
 // batcher's queue instead; when one of the kind's statements returns (and
@@ -33,8 +35,11 @@ import (
 // back, nothing was written) is not the outcome of every request in it: each
 // request then runs alone, so one request's fault stays its own.
 type batcher[Req, Res any] struct {
-	// exhausted reports whether every connection of the pool is taken.
+	// exhausted reports whether every connection of the pool is taken by
+	// the Store's statements in flight (busy).
 	exhausted func() bool
+	// busy counts the statements in flight of every batcher of the Store.
+	busy *atomic.Int64
 	// maxBatch bounds the requests in one statement.
 	maxBatch int
 	// key names a request's row: one request per key in a statement.
@@ -70,6 +75,7 @@ func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	b.mu.Lock()
 	if b.running == 0 || !b.exhausted() {
 		b.running++
+		b.busy.Add(1)
 		b.mu.Unlock()
 		res, err := b.one(ctx, &r)
 		b.finished()
@@ -113,6 +119,7 @@ func (b *batcher[Req, Res]) finished() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running--
+	b.busy.Add(-1)
 	b.startLocked()
 }
 
@@ -136,6 +143,7 @@ func (b *batcher[Req, Res]) startLocked() {
 	clear(b.queue[len(rest):])
 	b.queue = rest
 	b.running++
+	b.busy.Add(1)
 	go b.send(batch)
 }
 

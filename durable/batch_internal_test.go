@@ -358,10 +358,11 @@ func TestBatchedClaimsLostReplyIsEachCallersAmbiguity(t *testing.T) {
 	}
 }
 
-// A Store over a pool shares statements only when the pool has no free
-// connection: claims made one after another each go alone; with every
-// connection taken, the first claim waits for one alone and the claims
-// that come meanwhile wait for it, then go together as one statement.
+// A Store over a pool shares statements only when its statements in flight
+// take every connection: claims made one after another each go alone; with
+// as many claims in flight as the pool has connections (held here by the
+// test, so that they wait), the claims that come meanwhile wait for them,
+// then go together as one statement.
 func TestStoreSharesOnlyWhenThePoolIsExhausted(t *testing.T) {
 	ctx := t.Context()
 	s0, pool0 := planStoreOf(t, &Config{})
@@ -398,13 +399,13 @@ func TestStoreSharesOnlyWhenThePoolIsExhausted(t *testing.T) {
 		defer s.claims.mu.Unlock()
 		return s.claims.running, len(s.claims.queue)
 	}
-	first := []idem.ClaimParams{claimParams("u", "first", "b")}
+	first := []idem.ClaimParams{claimParams("u", "first-1", "b"), claimParams("u", "first-2", "b")}
 	waitFirst, _ := claimAll(ctx, s, first)
-	require.Eventually(t, func() bool { r, _ := state(); return r == 1 }, 30*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { r, _ := state(); return r == len(first) }, 30*time.Second, time.Millisecond)
 	rest := []idem.ClaimParams{claimParams("u", "b", "b"), claimParams("u", "c", "b"), claimParams("u", "d", "b")}
 	waitRest, _ := claimAll(ctx, s, rest)
 	require.Eventually(t, func() bool { _, q := state(); return q == len(rest) }, 30*time.Second, time.Millisecond,
-		"with the pool exhausted, the claims behind the first wait for it")
+		"with the pool's connections all taken, the claims behind wait")
 	for _, c := range conns {
 		c.Release()
 	}

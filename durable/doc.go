@@ -62,7 +62,8 @@
 // Both writes of a first execution, the claim and the answer, return once
 // their commit is on disk, so every answer a client reads survives a
 // PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). Once
-// every connection of the pool is taken, the flushes are shared rather than
+// the Store's statements take every connection of its pool, the flushes are
+// shared rather than
 // waited for one by one: the claims (or answer writes) that would wait for a
 // connection go together as one statement and one commit on the next
 // connection a statement of theirs gives back, each request getting its own

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -83,14 +84,14 @@ func New(db DB, cfg *Config) (*Store, error) {
 		channel:   channelOf(table),
 	}
 	if p, ok := db.(statter); ok && p.Stat() != nil {
-		exhausted := func() bool {
-			st := p.Stat()
-			return st.AcquiredConns() >= st.MaxConns()
-		}
-		s.claims = &batcher[claimReq, claimRes]{exhausted: exhausted, maxBatch: batchMax,
+		// Counted by the Store, not read from the pool on every request:
+		// the pool's Stat takes its lock.
+		busy, conns := new(atomic.Int64), int64(p.Stat().MaxConns())
+		exhausted := func() bool { return busy.Load() >= conns }
+		s.claims = &batcher[claimReq, claimRes]{exhausted: exhausted, busy: busy, maxBatch: batchMax,
 			key: func(r *claimReq) string { return rowKey(r.p.Scope, r.p.Key) },
 			one: s.claimOne, many: s.claimMany}
-		s.answers = &batcher[answerReq, bool]{exhausted: exhausted, maxBatch: batchMax,
+		s.answers = &batcher[answerReq, bool]{exhausted: exhausted, busy: busy, maxBatch: batchMax,
 			key: func(r *answerReq) string { return rowKey(r.scope, r.key) },
 			one: s.completeOne, many: s.completeMany}
 	}
@@ -178,9 +179,9 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // it returns the row as it was, in progress.
 //
 // Over a *pgxpool.Pool (or a DB that passes on its Stat), concurrent Claims
-// share statements once every connection is taken: a Claim that would wait
-// for a connection while another claim statement is in flight waits for
-// that statement instead, and the Claims waiting then go together as one
+// share statements once the Store's statements in flight take every
+// connection of the pool: a Claim that would wait for a connection while
+// another claim statement is in flight waits for that statement instead, and the Claims waiting then go together as one
 // statement and one commit on the connection it gives back, each with its
 // own key's result (group commit). A Claim whose context ends while it waits
 // is never sent. A Store bound to a caller's transaction ([Store.WithDB])
@@ -342,8 +343,8 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 //
 // Complete returns once the answer is on disk (its commit waited for the WAL
 // flush), unless Config.AsynchronousAnswers says otherwise. Concurrent
-// Completes share statements and commits once the pool is exhausted, as
-// concurrent Claims do.
+// Completes share statements and commits once the Store's statements take
+// every connection of the pool, as concurrent Claims do.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose
