@@ -63,11 +63,11 @@
 // their commit is on disk, so every answer a client reads survives a
 // PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). Once
 // the Store's statements take every connection of its pool, the flushes are
-// shared rather than
-// waited for one by one: the claims (or answer writes) that would wait for a
-// connection go together as one statement and one commit on the next
-// connection a statement of theirs gives back, each request getting its own
-// key's result. Below that, every request goes at once, alone.
+// shared rather than waited for one by one: the claims (or answer writes)
+// that would wait for a connection go together as one statement and one
+// commit on the next connection a statement of theirs gives back, each
+// request getting its own key's result. Below that, every request goes at
+// once, alone.
 //
 // # Transactions
 //
