@@ -17,9 +17,8 @@ import (
 // A request goes at once, alone, in its caller's goroutine, with the one-key
 // statement and the caller's context, unless the Store's statements in
 // flight take every connection of its pool and one of them is of the
-// request's kind: a lone caller, and any
-// load the pool serves without queueing, pays exactly what it would without
-// the batcher. A request that would wait for a connection waits in the
+// request's kind: a lone caller, and any load the pool serves without
+// queueing, pays exactly what it would without the batcher. A request that would wait for a connection waits in the
 // batcher's queue instead; when one of the kind's statements returns (and
 // its connection with it), the queue (up to maxBatch requests, one per key)
 // goes as one statement, one transaction, one flush, on that connection. So
