@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -93,7 +94,7 @@ func TestBackendCrashKeepsAcknowledgedAnswers(t *testing.T) {
 					worstAckToKill = max(worstAckToKill, ackToKill)
 					for _, in := range intents {
 						answers++
-						resp, out, err := table.Do(t.Context(), in.req, in.work)
+						resp, out, err := retryUnavailable(t, table, in)
 						if !async {
 							require.Equal(t, idem.OutcomeReplayed, out, "%s: its acknowledged answer survived the crash: %v", in.label(), err)
 							require.Equal(t, in.resp, resp, "%s: replayed byte for byte", in.label())
@@ -103,7 +104,7 @@ func TestBackendCrashKeepsAcknowledgedAnswers(t *testing.T) {
 						} else {
 							require.Equal(t, in.resp, resp, "%s", in.label())
 						}
-						hresp, hout, err := hybrid.Do(t.Context(), in.req, in.work)
+						hresp, hout, err := retryUnavailable(t, hybrid, in)
 						if hout != out {
 							diverged++
 						}
@@ -128,6 +129,21 @@ func TestBackendCrashKeepsAcknowledgedAnswers(t *testing.T) {
 			})
 		}
 	}
+}
+
+// retryUnavailable is a client's retry of in through g: sent again, as a
+// client does after a 503, while the store is unavailable (a connection of
+// the pool that died with the crash, found dead only when used).
+func retryUnavailable(t *testing.T, g *idem.Guard, in *standbyIntent) (idem.Response, idem.Outcome, error) {
+	t.Helper()
+	for range 20 {
+		resp, out, err := g.Do(t.Context(), in.req, in.work)
+		if !errors.Is(err, idem.ErrUnavailable) {
+			return resp, out, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return g.Do(t.Context(), in.req, in.work)
 }
 
 // crashRound runs n concurrent first executions through g, kills an idle

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -83,11 +85,18 @@ func New(db DB, cfg *Config) (*Store, error) {
 		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
 	}
-	if p, ok := db.(statter); ok && p.Stat() != nil {
-		// Counted by the Store, not read from the pool on every request:
-		// the pool's Stat takes its lock.
-		busy, conns := new(atomic.Int64), int64(p.Stat().MaxConns())
-		exhausted := func() bool { return busy.Load() >= conns }
+	if p, ok := db.(statter); ok {
+		// Counted by the Store, not read from the pool on every request
+		// (the pool's Stat takes its lock); the pool's size is read once,
+		// on the first statement, when the pool is in use.
+		busy := new(atomic.Int64)
+		conns := sync.OnceValue(func() int64 {
+			if st := p.Stat(); st != nil {
+				return int64(st.MaxConns())
+			}
+			return math.MaxInt64 // a wrapper of no pool: never shared
+		})
+		exhausted := func() bool { return busy.Load() >= conns() }
 		s.claims = &batcher[claimReq, claimRes]{exhausted: exhausted, busy: busy, maxBatch: batchMax,
 			key: func(r *claimReq) string { return rowKey(r.p.Scope, r.p.Key) },
 			one: s.claimOne, many: s.claimMany}
