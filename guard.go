@@ -134,7 +134,7 @@ type Config struct {
 	// beyond the atomic counters behind Stats.
 	MeterProvider metric.MeterProvider
 	// TracerProvider, when set, gives every Do (so the middleware and
-	// grpcidem too) a span "idem.Do" with the attributes idem.strategy,
+	// grpcidem too) a span "idem.request" with the attributes idem.strategy,
 	// idem.key_hash (KeyHash, never the key or scope), idem.attempt and
 	// idem.outcome, and the events lock, claim, read, store (the answer's
 	// write) and lease for the guard's own steps. A replay's span is linked

@@ -44,7 +44,7 @@ func newTracing(tp trace.TracerProvider, strategy string) *tracing {
 // start opens the span of one guarded request.
 func (t *tracing) start(ctx context.Context, req Request) (context.Context, trace.Span, string) {
 	h := keyHash(req)
-	ctx, span := t.tracer.Start(ctx, "idem.Do", trace.WithSpanKind(trace.SpanKindInternal),
+	ctx, span := t.tracer.Start(ctx, "idem.request", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(t.strat, attribute.String("idem.key_hash", h)))
 	return ctx, span, h
 }
