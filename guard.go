@@ -137,7 +137,8 @@ type Config struct {
 	// grpcidem too) a span "idem.request" with the attributes idem.strategy,
 	// idem.key_hash (KeyHash, never the key or scope), idem.attempt and
 	// idem.outcome, and the events lock, claim, read, store (the answer's
-	// write) and lease for the guard's own steps. A replay's span is linked
+	// write), lease and lease_queued (the answer's copy to the hybrid's
+	// lease, sent in the background) for the guard's own steps. A replay's span is linked
 	// to the span of the execution whose answer it replays, best-effort:
 	// the link is kept in process for the last 4096 executions only, so a
 	// replay served by another instance, after a restart or after eviction

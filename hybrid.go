@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,11 @@ func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a R
 	}
 	lctx := context.WithoutCancel(ctx) // for the metric and the log line, once the copy is answered
 	t0 := g.tel.start()
+	if g.traces != nil {
+		// The copy is answered after the request's span has ended, as a
+		// rule: its queueing is the event.
+		trace.SpanFromContext(ctx).AddEvent("lease_queued")
+	}
 	g.lock.Set(req.Scope, req.Key, encodeAnswerLease(fp, a), ttl, func(err error) {
 		g.tel.since(lctx, phaseLease, t0)
 		if err != nil {

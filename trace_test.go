@@ -117,3 +117,45 @@ func TestTraceOffCostsNothing(t *testing.T) {
 	require.Greater(t, on, off, "tracing should cost allocations only when on")
 	t.Logf("allocs per replay: off %.0f, on %.0f", off, on)
 }
+
+// Against PostgreSQL, in every strategy: four spans, the replays linked to
+// the execution, and the hybrid's lease steps as events.
+func TestTraceStrategies(t *testing.T) {
+	forEachStrategy(t, func(t *testing.T, strategy string) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		b := setup(t, strategy, func(o *setupOpts) { o.cfg.TracerProvider = tp })
+		ctx := context.Background()
+		w := &counter{resp: created("o1")}
+		r := req("user-1", newKey(), `{"hold_ids":[1]}`)
+		for i := range 4 {
+			_, out, err := b.guard.Do(ctx, r, w.work)
+			require.NoError(t, err)
+			if i == 0 {
+				require.Equal(t, idem.OutcomeExecuted, out)
+			} else {
+				require.Equal(t, idem.OutcomeReplayed, out)
+			}
+		}
+		spans := rec.Ended()
+		require.Len(t, spans, 4)
+		exec := spans[0]
+		wantStrategy := "table"
+		if strategy != "table" {
+			wantStrategy = "hybrid"
+			require.Subset(t, spanEvents(exec), []string{"lock", "claim", "store", "lease_queued"})
+		} else {
+			require.Equal(t, []string{"claim", "store"}, spanEvents(exec))
+		}
+		a := spanAttrs(exec)
+		require.Equal(t, wantStrategy, a["idem.strategy"].AsString())
+		require.Equal(t, "executed", a["idem.outcome"].AsString())
+		require.EqualValues(t, 1, a["idem.attempt"].AsInt64())
+		for _, s := range spans[1:] {
+			require.Equal(t, "replayed", spanAttrs(s)["idem.outcome"].AsString())
+			require.Len(t, s.Links(), 1)
+			require.Equal(t, exec.SpanContext(), s.Links()[0].SpanContext)
+		}
+	})
+}
