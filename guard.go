@@ -135,14 +135,15 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider, when set, gives every Do (so the middleware and
 	// grpcidem too) a span "idem.request" with the attributes idem.strategy,
-	// idem.key_hash (KeyHash, never the key or scope), idem.attempt and
+	// idem.key_hash (KeyHash, never the key or scope), idem.attempt (when
+	// a row was read: not on a replay from the cache or the lease) and
 	// idem.outcome, and the events lock, claim, read, store (the answer's
 	// write), lease and lease_queued (the answer's copy to the hybrid's
 	// lease, sent in the background) for the guard's own steps. A replay's span is linked
 	// to the span of the execution whose answer it replays, best-effort:
 	// the link is kept in process for the last 4096 executions only, so a
 	// replay served by another instance, after a restart or after eviction
-	// has no link. Defaults to nil: no span and no cost.
+	// has no link, nor has the replay of an answer stored by Settle. Defaults to nil: no span and no cost.
 	TracerProvider trace.TracerProvider
 	// CacheSize, when positive, keeps up to that many finished answers in an
 	// in-process LRU, so that a retry storm on a hot key is replayed (or
