@@ -141,6 +141,9 @@ func (x *execution) finish(ctx context.Context, resp Response, err error) (Respo
 // retries look first: the local cache and, in the hybrid, the lease.
 func (x *execution) answered(ctx context.Context, a Response) {
 	x.g.tel.add(ctx, evExecuted)
+	if x.g.traces != nil {
+		x.g.traces.executed(ctx, keyHash(x.req))
+	}
 	x.g.remember(x.req, a, x.expires)
 	if x.g.lock != nil {
 		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, a, x.expires)

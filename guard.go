@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Locker is the lease service of the hybrid strategy. *lock.Locker (package
@@ -132,6 +133,18 @@ type Config struct {
 	// store, lease). Defaults to nil: no metrics and no cost
 	// beyond the atomic counters behind Stats.
 	MeterProvider metric.MeterProvider
+	// TracerProvider, when set, gives every Do (so the middleware and
+	// grpcidem too) a span "idem.request" with the attributes idem.strategy,
+	// idem.key_hash (KeyHash, never the key or scope), idem.attempt (when
+	// a row was read: not on a replay from the cache or the lease) and
+	// idem.outcome, and the events lock, claim, read, store (the answer's
+	// write), lease and lease_queued (the answer's copy to the hybrid's
+	// lease, sent in the background) for the guard's own steps. A replay's span is linked
+	// to the span of the execution whose answer it replays, best-effort:
+	// the link is kept in process for the last 4096 executions only, so a
+	// replay served by another instance, after a restart or after eviction
+	// has no link, nor has the replay of an answer stored by Settle. Defaults to nil: no span and no cost.
+	TracerProvider trace.TracerProvider
 	// CacheSize, when positive, keeps up to that many finished answers in an
 	// in-process LRU, so that a retry storm on a hot key is replayed (or
 	// refused with ErrKeyReused) without any round trip. In-progress state is
@@ -175,6 +188,7 @@ type Guard struct {
 	retention    time.Duration // the store's: bounds cache entries and MaxHold
 	cache        *answerCache  // nil without Config.CacheSize
 	tel          telemetry
+	traces       *tracing // nil without Config.TracerProvider
 	waiter       Waiter
 	maxWaiters   int64
 	waiting      atomic.Int64
@@ -246,6 +260,8 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	if err := g.tel.init(c.MeterProvider); err != nil {
 		return nil, fmt.Errorf("idem: Config.MeterProvider: %w", err)
 	}
+	g.traces = newTracing(c.TracerProvider, g.Strategy())
+	g.tel.traced = g.traces != nil
 	return g, nil
 }
 
@@ -295,6 +311,18 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work, opts ...DoOption
 	if work == nil {
 		return Response{}, OutcomeNone, errors.New("idem: nil work")
 	}
+	if g.traces != nil {
+		ctx, span, h := g.traces.start(ctx, req)
+		resp, out, err := g.doWait(ctx, req, work, opts)
+		g.traces.end(span, h, out, err)
+		return resp, out, err
+	}
+	return g.doWait(ctx, req, work, opts)
+}
+
+// doWait is Do once the request is checked: one decision, then a wait if
+// asked for.
+func (g *Guard) doWait(ctx context.Context, req Request, work Work, opts []DoOption) (Response, Outcome, error) {
 	resp, out, err := g.do(ctx, req, work)
 	if out == OutcomeInProgress && len(opts) > 0 && g.waiter != nil && !errors.Is(err, ErrPending) {
 		if o := collect(opts); o.wait > 0 {
@@ -413,6 +441,7 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 		return Response{}, OutcomeInProgress, ErrInProgress
 	}
 	g.tel.add(ctx, evReplayed)
+	g.traces.attempt(ctx, rec.Attempt)
 	resp := *rec.Answer
 	g.remember(req, resp, read.Add(rec.TTL))
 	return resp, OutcomeReplayed, nil

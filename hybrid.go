@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // doHybrid puts a Redis lease in front of the durable claim. One round trip
@@ -146,6 +148,11 @@ func (g *Guard) copyAnswer(ctx context.Context, req Request, fp Fingerprint, a R
 	}
 	lctx := context.WithoutCancel(ctx) // for the metric and the log line, once the copy is answered
 	t0 := g.tel.start()
+	if g.traces != nil {
+		// The copy is answered after the request's span has ended, as a
+		// rule: its queueing is the event.
+		trace.SpanFromContext(ctx).AddEvent("lease_queued")
+	}
 	g.lock.Set(req.Scope, req.Key, encodeAnswerLease(fp, a), ttl, func(err error) {
 		g.tel.since(lctx, phaseLease, t0)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Stats counts a Guard's decisions since it was created. Every field only
@@ -91,6 +92,7 @@ var phaseNames = [numPhases]string{"lock", "claim", "read", "store", "lease"}
 type telemetry struct {
 	counts  [numEvents]atomic.Uint64
 	enabled bool
+	traced  bool // Config.TracerProvider: each phase is an event of the request's span
 	events  metric.Int64Counter
 	phases  metric.Float64Histogram
 	evOpts  [numEvents]metric.AddOption
@@ -136,7 +138,7 @@ func (t *telemetry) add(ctx context.Context, e event) {
 // start returns the time a phase starts, or the zero time when no metrics
 // are recorded (so that nothing is measured for nothing).
 func (t *telemetry) start() time.Time {
-	if !t.enabled {
+	if !t.enabled && !t.traced {
 		return time.Time{}
 	}
 	return time.Now()
@@ -145,6 +147,9 @@ func (t *telemetry) start() time.Time {
 func (t *telemetry) since(ctx context.Context, p phase, start time.Time) {
 	if t.enabled {
 		t.phases.Record(ctx, time.Since(start).Seconds(), t.phOpts[p])
+	}
+	if t.traced {
+		trace.SpanFromContext(ctx).AddEvent(phaseNames[p])
 	}
 }
 
