@@ -452,14 +452,9 @@ func (g *Guard) decide(ctx context.Context, req Request, rec Record, read time.T
 // at read. The store tells how long the attempt may hold the key (HoldUntil
 // less CreatedAt, both its claim's now) and how old it was (Age, on the
 // store's clock): only durations, which this Guard counts down from read,
-// so no host's clock is compared with the database's. A row claimed before
-// migration 0005 has no HoldUntil: this Guard's MaxHold stands in for it.
+// so no host's clock is compared with the database's.
 func (g *Guard) holdEnds(rec Record, read time.Time) time.Time {
-	hold := g.MaxHold()
-	if !rec.HoldUntil.IsZero() {
-		hold = rec.HoldUntil.Sub(rec.CreatedAt)
-	}
-	return read.Add(hold - rec.Age)
+	return read.Add(rec.HoldUntil.Sub(rec.CreatedAt) - rec.Age)
 }
 
 // remember caches a finished answer of a key that expires in the store at

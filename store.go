@@ -95,9 +95,9 @@ type Record struct {
 	// CreatedAt is the store's time of the current attempt's claim.
 	CreatedAt time.Time
 	// HoldUntil is the store's time by which the current attempt's
-	// execution has ended for sure (its claim + ClaimParams.Hold); zero on
-	// rows claimed before migration 0005. HoldUntil less CreatedAt is the
-	// hold its claimer asked for, a duration: both are the claim's now.
+	// execution has ended for sure (its claim + ClaimParams.Hold).
+	// HoldUntil less CreatedAt is the hold its claimer asked for, a
+	// duration: both are the claim's now.
 	HoldUntil time.Time
 	// Age is how old the current attempt was when the statement that
 	// returned the row ran: the store's now less CreatedAt, both on the

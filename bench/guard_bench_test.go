@@ -158,9 +158,9 @@ var paths = []path{
 			if i%1000 == 0 {
 				_, err := r.pool.Exec(tb.Context(), `
 INSERT INTO `+r.store.Table()+` (user_id, key, request_hash, owner_token, response_status,
-	response_headers, response_body, created_at, completed_at)
+	response_headers, response_body, created_at, completed_at, hold_until, retention)
 SELECT 'user-42', 'expired-' || g, sha256(('expired-' || g)::bytea), decode(md5(g::text), 'hex'), 201,
-	'{}', '', now() - interval '25 hours', now() - interval '25 hours'
+	'{}', '', now() - interval '25 hours', now() - interval '25 hours', now() - interval '25 hours', interval '24 hours'
 FROM generate_series($1::int, $1::int + 999) AS g`, i)
 				if err != nil {
 					tb.Fatal(err)

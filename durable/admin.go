@@ -32,7 +32,7 @@ const (
 	// StateReleased: nothing happened; the next claim of the same request
 	// takes the row over as the intent's next attempt.
 	StateReleased = "released"
-	// StateExpired: answered or released longer than the retention ago; the
+	// StateExpired: answered or released longer than its retention ago; the
 	// next claim of the key takes it over as a new intent.
 	StateExpired = "expired"
 )
@@ -48,8 +48,7 @@ type KeyRow struct {
 	State string
 	// HoldLeft is how long the current attempt's execution may still hold
 	// the key (HoldUntil less the database's now()): negative once it has
-	// passed, by as much; zero on a row claimed before migration 0005,
-	// which has no HoldUntil.
+	// passed, by as much.
 	HoldLeft time.Duration
 	// ReconcileAttempts is the number of failed reconciliation attempts of
 	// the current attempt; ReconcileAfter is when the reconciler may try it
@@ -82,51 +81,46 @@ type adminStatements struct {
 }
 
 // adminColumns follow columns in the select list of inspect and pending:
-// state, hold left and reconciliation state, as scanKeyRow reads them, with
-// the retention as parameter $n.
-func adminColumns(n int) string {
-	exp := "coalesce(" + expired(n) + ", false)"
-	return `CASE WHEN ` + exp + ` THEN '` + StateExpired + `'
+// state, hold left and reconciliation state, as scanKeyRow reads them.
+const adminColumns = `CASE WHEN coalesce(` + expired + `, false) THEN '` + StateExpired + `'
 		WHEN released_at IS NOT NULL THEN '` + StateReleased + `'
 		WHEN response_status IS NOT NULL THEN '` + StateAnswered + `'
 		ELSE '` + StateInProgress + `' END,
-	coalesce((extract(epoch FROM hold_until - now()) * 1000000)::bigint, 0),
-	coalesce(reconcile_attempts, 0), reconcile_after`
-}
+	(extract(epoch FROM hold_until - now()) * 1000000)::bigint,
+	reconcile_attempts, reconcile_after`
 
 // inProgress is the condition of a row in progress, and pending that of one
-// past its hold (a row without hold_until, claimed before migration 0005,
-// counts as past it, as the reconciler's listings count it).
+// past its hold by the database's clock (what an operator reads; the
+// reconciler decides on its own clock).
 const (
 	inProgress = "response_status IS NULL AND released_at IS NULL"
-	pending    = inProgress + " AND coalesce(hold_until <= now(), true)"
+	pending    = inProgress + " AND hold_until <= now()"
 )
 
 func newAdminStatements(t string) *adminStatements {
 	r := strings.NewReplacer("{t}", t, "{cols}", columns)
 	return &adminStatements{
-		// $1 scope, $2 key, $3 retention. The row whatever its state.
+		// $1 scope, $2 key. The row whatever its state.
 		inspect: r.Replace(`
-SELECT {cols}, ` + adminColumns(3) + ` FROM {t}
+SELECT {cols}, ` + adminColumns + ` FROM {t}
 WHERE user_id = $1 AND key = $2`),
 
-		// $1 retention, $2 limit. Oldest first, through the created_at
-		// index; no index lists rows in progress (migration 0003), so the
-		// scan passes over the answered rows older than the oldest pending
-		// one.
+		// $1 limit. Oldest first, through the created_at index; no index
+		// lists rows in progress (the answer write stays HOT), so the scan
+		// passes over the answered rows older than the oldest pending one.
 		pending: r.Replace(`
-SELECT {cols}, ` + adminColumns(1) + ` FROM {t}
+SELECT {cols}, ` + adminColumns + ` FROM {t}
 WHERE ` + pending + `
 ORDER BY created_at, user_id, key
-LIMIT $2`),
+LIMIT $1`),
 
-		// $1 retention. Reads the whole table.
+		// Reads the whole table.
 		counts: r.Replace(`
 SELECT count(*) FILTER (WHERE ` + inProgress + `),
 	count(*) FILTER (WHERE ` + pending + `),
-	count(*) FILTER (WHERE response_status IS NOT NULL AND NOT coalesce(` + expired(1) + `, false)),
-	count(*) FILTER (WHERE released_at IS NOT NULL AND NOT coalesce(` + expired(1) + `, false)),
-	count(*) FILTER (WHERE coalesce(` + expired(1) + `, false))
+	count(*) FILTER (WHERE response_status IS NOT NULL AND NOT coalesce(` + expired + `, false)),
+	count(*) FILTER (WHERE released_at IS NOT NULL AND NOT coalesce(` + expired + `, false)),
+	count(*) FILTER (WHERE coalesce(` + expired + `, false))
 FROM {t}`),
 	}
 }
@@ -141,7 +135,7 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (KeyRow, error) 
 	if err := checkKey(op, scope, key); err != nil {
 		return KeyRow{}, err
 	}
-	row, err := s.scanKeyRow(s.db.QueryRow(ctx, s.admin().inspect, scope, key, s.retention))
+	row, err := s.scanKeyRow(s.db.QueryRow(ctx, s.admin().inspect, scope, key))
 	if err != nil {
 		return KeyRow{}, translate(op, err)
 	}
@@ -158,7 +152,7 @@ func (s *Store) ListPending(ctx context.Context, limit int) ([]KeyRow, error) {
 	if limit < 1 {
 		return nil, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
 	}
-	rows, err := s.db.Query(ctx, s.admin().pending, s.retention, limit)
+	rows, err := s.db.Query(ctx, s.admin().pending, limit)
 	if err != nil {
 		return nil, translate(op, err)
 	}
@@ -170,7 +164,7 @@ func (s *Store) ListPending(ctx context.Context, limit int) ([]KeyRow, error) {
 // reads the whole table.
 func (s *Store) CountStates(ctx context.Context) (StateCounts, error) {
 	var c StateCounts
-	err := s.db.QueryRow(ctx, s.admin().counts, s.retention).Scan(
+	err := s.db.QueryRow(ctx, s.admin().counts).Scan(
 		&c.InProgress, &c.Pending, &c.Answered, &c.Released, &c.Expired)
 	return c, translate("count states", err)
 }

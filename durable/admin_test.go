@@ -114,13 +114,10 @@ func TestMigrationStatusAndDownTo(t *testing.T) {
 	}
 	require.Empty(t, applied(), "no version table yet")
 	require.NoError(t, durable.Migrate(t.Context(), pool, cfg))
-	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, applied())
-	require.NoError(t, durable.MigrateDownTo(t.Context(), pool, cfg, 4))
-	require.Equal(t, []int64{1, 2, 3, 4}, applied())
-	require.NoError(t, durable.MigrateDownTo(t.Context(), pool, cfg, 4), "nothing above 4: a no-op")
+	require.Equal(t, []int64{1}, applied())
+	require.NoError(t, durable.MigrateDownTo(t.Context(), pool, cfg, 1), "nothing above 1: a no-op")
+	require.Equal(t, []int64{1}, applied())
 	require.ErrorIs(t, durable.MigrateDownTo(t.Context(), pool, cfg, -1), idem.ErrInvalid)
-	require.NoError(t, durable.Migrate(t.Context(), pool, cfg))
-	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, applied())
 	require.NoError(t, durable.MigrateDownTo(t.Context(), pool, cfg, 0))
 	require.Empty(t, applied())
 }

@@ -13,8 +13,8 @@ import (
 
 // The reconciler's statements on the table (package reconcile calls them):
 // which in-progress rows are due, the backoff of those whose outcome is still
-// unknown (the columns of migration 0002), and how far the reconciler has
-// scanned (the <table>_reconcile row of migration 0003). Settling and
+// unknown (reconcile_attempts, reconcile_after), and how far the reconciler has
+// scanned (the <table>_reconcile row). Settling and
 // releasing go through the Guard. Each method is one round trip, except
 // where a write finds nothing to change (see [Store.Postpone]); run them
 // while holding the reconciler's lease (see [Leader]).
@@ -33,7 +33,7 @@ type Due struct {
 	Attempts int
 	// Hold is how long the attempt's execution may hold the key: hold_until
 	// less created_at, both its claim's now, so a duration that no clock
-	// step changes. 0 for a row claimed before migration 0005.
+	// step changes.
 	Hold time.Duration
 }
 
@@ -103,14 +103,12 @@ func collectDue(rs pgx.Rows, err error) ([]Due, error) {
 			d                   Due
 			hash, owner, intent []byte
 			attempt, attempts   int32
-			holdUntil           *time.Time
+			holdUntil           time.Time
 		)
 		if err := row.Scan(&d.Scope, &d.Key, &hash, &owner, &intent, &attempt, &d.CreatedAt, &attempts, &holdUntil); err != nil {
 			return Due{}, err
 		}
-		if holdUntil != nil {
-			d.Hold = holdUntil.Sub(d.CreatedAt)
-		}
+		d.Hold = holdUntil.Sub(d.CreatedAt)
 		if len(hash) != len(d.Fingerprint) || len(owner) != len(d.Owner) || len(intent) != len(d.Intent) {
 			return Due{}, fmt.Errorf("row has a %d-byte request_hash, a %d-byte owner_token and a %d-byte intent_id",
 				len(hash), len(owner), len(intent))

@@ -28,10 +28,11 @@ func TestBacklogPlans(t *testing.T) {
 	s, pool := planStoreOf(t, cfg)
 	tbl := s.Table()
 	_, err := pool.Exec(ctx, `
-INSERT INTO `+tbl+` (user_id, key, request_hash, owner_token, created_at,
+INSERT INTO `+tbl+` (user_id, key, request_hash, owner_token, created_at, hold_until, retention,
 	response_status, response_headers, response_body, completed_at, reconcile_after)
 SELECT 'user-' || (g % 1000), 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'),
-	now() - (g % 86000) * interval '1 second',
+	now() - (g % 86000) * interval '1 second', now() - (g % 86000) * interval '1 second' + interval '46.5 seconds',
+	interval '24 hours',
 	CASE WHEN g % 100 = 0 THEN NULL ELSE 201 END, CASE WHEN g % 100 = 0 THEN NULL ELSE '{}'::jsonb END,
 	CASE WHEN g % 100 = 0 THEN NULL ELSE '\x7b7d'::bytea END,
 	CASE WHEN g % 100 = 0 THEN NULL ELSE now() - (g % 86000) * interval '1 second' END,

@@ -27,7 +27,7 @@ func setupRows(t *testing.T) *rowsBundle {
 	return &rowsBundle{ctx: t.Context(), store: store, pool: pool}
 }
 
-// stateTable is the reconciler's table of migration 0003, beside the
+// stateTable is the reconciler's table (<table>_reconcile), beside the
 // store's.
 func stateTable(t string) string { return t[:len(t)-1] + `_reconcile"` }
 

@@ -27,9 +27,8 @@ const (
 	DefaultSweepBatchTimeout = 30 * time.Second
 )
 
-// maxTableLen leaves room for the longest suffix the migrations append
-// (idempotency_keys_request_hash_check, created by 0001 and dropped by 0004)
-// within PostgreSQL's 63-byte limit.
+// maxTableLen leaves room for the longest suffix the migration appends
+// (_reconcile_after_idx) within PostgreSQL's 63-byte limit.
 const (
 	maxTableLen  = 40
 	maxSchemaLen = 63
@@ -59,9 +58,12 @@ type Config struct {
 
 	// Retention is how long a key lives after its answer or its release,
 	// measured on the database clock from completed_at or released_at; a
-	// row in progress never expires. An expired row is invisible to every call
-	// and is taken over by the next Claim of its key, even before
-	// a [Sweeper] deletes it. It is passed to SQL in whole microseconds.
+	// row in progress never expires. Each row keeps the retention of the
+	// Store that claimed it, or of a Store that answered or released it if
+	// that is longer, so Stores with different retentions may share a
+	// table. An expired row is invisible to every call and is taken over by
+	// the next Claim of its key, even before a [Sweeper] deletes it. It is
+	// passed to SQL in whole microseconds.
 	//
 	// Defaults to 24h.
 	Retention time.Duration

@@ -13,34 +13,41 @@
 //	user_id, key       text, the primary key
 //	request_hash       bytea, the 32-byte SHA-256 idem.Fingerprint
 //	owner_token        bytea, the 16-byte owner idem.Token of the current attempt
-//	intent_id          bytea, the 16-byte intent, kept across releases (0005)
-//	attempt            integer, which attempt of the intent (0005)
-//	hold_until         timestamptz, the current attempt's deadline (0005)
-//	released_at        timestamptz, set by a release (0005)
+//	created_at         timestamptz, the database's now() at the attempt's claim
+//	hold_until         timestamptz, created_at plus the attempt's hold
+//	retention          interval, how long the row lives after its answer or release
+//	reconcile_attempts integer, failed reconciliation attempts
+//	intent_id          bytea, the 16-byte intent, kept across releases
+//	attempt            integer, which attempt of the intent
 //	response_status    smallint, NULL while in progress
 //	response_headers   jsonb, {"Header": ["value", ...]}
 //	response_body      bytea
-//	created_at         timestamptz, the database's now() at the attempt's claim
 //	completed_at       timestamptz, the database's now() at completion
-//	reconcile_attempts integer, failed reconciliation attempts (migration 0002)
+//	released_at        timestamptz, set by a release
 //	reconcile_after    timestamptz, when the reconciler may try again
 //
 // A row is in progress (no answer yet), finished, or released (released_at
 // set: nothing happened, and the next claim of the same request takes it
 // over as the next attempt of the same intent); the status and
 // completed_at are NULL together (the store's statements keep them so; the
-// table has no CHECK constraints, see migration 0004). Every timestamp comes from the database
-// clock, never from the application's, so instances with skewed clocks agree.
+// table has no CHECK constraints, which every write would pay for). Every
+// timestamp comes from the database clock, never from the application's, so
+// instances with skewed clocks agree.
 //
 // # Retention and takeover
 //
-// A key lives for Config.Retention (24h by default) after its answer
-// (completed_at) or its release (released_at); a row in progress never
-// expires, however old, since its outcome is unknown. An expired row is
-// invisible: [Store.Get] reports idem.ErrNotFound, and the next [Store.Claim] of
-// its key takes the row over in place (new fingerprint, new intent, new
-// owner, attempt 1, no answer, new created_at) as a new intent, whether or
-// not a [Sweeper] has deleted it yet. Sweeping only reclaims space.
+// A key lives for its row's retention after its answer (completed_at) or its
+// release (released_at); a row in progress never expires, however old, since
+// its outcome is unknown. The row's retention is the Config.Retention (24h by
+// default) of the Store that claimed it, raised to that of a Store that
+// answers or releases it with a longer one: a fleet whose instances have
+// different retentions keeps each key at least as long as every instance
+// that took part in it promised. An expired row is invisible: [Store.Get]
+// reports idem.ErrNotFound, and the next [Store.Claim] of its key takes the
+// row over in place (new fingerprint, new intent, new owner, attempt 1, no
+// answer, new created_at, the claiming Store's retention) as a new intent,
+// whether or not a [Sweeper] has deleted it yet. Sweeping only reclaims
+// space.
 //
 // # One round trip
 //

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -84,4 +86,16 @@ func (b *bundle) claim(t *testing.T, p idem.ClaimParams) idem.Record {
 	require.NoError(t, err)
 	require.True(t, claimed)
 	return rec
+}
+
+// retentionSQL is store's retention as an SQL interval literal, for rows a
+// test inserts as the store would have claimed them.
+func retentionSQL(store *durable.Store) string {
+	return fmt.Sprintf("interval '%d microseconds'", store.Retention().Microseconds())
+}
+
+// schemaOf is the schema of store's table.
+func schemaOf(store *durable.Store) string {
+	schema, _, _ := strings.Cut(strings.Trim(store.Table(), `"`), `"."`)
+	return schema
 }

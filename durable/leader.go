@@ -36,7 +36,7 @@ const leaseMargin = 8
 
 // Leader makes one holder at a time, across a fleet, run a job on a table:
 // the reconciler's runs and the sweeper's. Leadership is a lease: a row of
-// the table's lease table (migration 0006) naming the job, its holder, and
+// the table's lease table (<table>_leases) naming the job, its holder, and
 // when the lease expires on the database's clock.
 //
 // Each take, renewal and release is one autocommit statement, so nothing

@@ -269,7 +269,7 @@ func TestNewLeaderRejects(t *testing.T) {
 	require.ErrorContains(t, err, "tail")
 }
 
-// leaseTable is the lease table of b's store (migration 0006).
+// leaseTable is the lease table of b's store (<table>_leases).
 func leaseTable(b *bundle) string {
 	t := b.store.Table()
 	return t[:len(t)-1] + `_leases"`

@@ -220,7 +220,7 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 	return checkLayout(ctx, tx, c)
 }
 
-// partitioned rewrites the CREATE TABLE of migration 0001 (renamed for
+// partitioned rewrites the CREATE TABLE of migration 1 (renamed for
 // table) so that it creates the table hash-partitioned on user_id, followed
 // by its n partitions.
 func partitioned(sql, table string, n int) (string, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,9 +20,10 @@ func TestPartitionPruning(t *testing.T) {
 	const parts = 8
 	s, pool := planStoreOf(t, &Config{Partitions: parts})
 	_, err := pool.Exec(ctx, `
-INSERT INTO `+s.table+` (user_id, key, request_hash, owner_token, created_at)
+INSERT INTO `+s.table+` (user_id, key, request_hash, owner_token, created_at, hold_until, retention)
 SELECT 'user-' || (g % 1000), 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'),
-	now() - (g % 86000) * interval '1 second'
+	now() - (g % 86000) * interval '1 second', now() - (g % 86000) * interval '1 second' + interval '46.5 seconds',
+	interval '24 hours'
 FROM generate_series(1, 20000) AS g`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE `+s.table)
@@ -50,7 +52,7 @@ FROM generate_series(1, 20000) AS g`)
 	// Control: the sweeper's statement reads every partition, which shows
 	// the check above can see them.
 	seen := map[string]bool{}
-	for _, sc := range explainScans(t, ctx, pool, "force_generic_plan", s.sql.sweepBatch, []any{s.retention, 10}) {
+	for _, sc := range explainScans(t, ctx, pool, "force_generic_plan", s.sql.sweepBatch, []any{s.retention, 10, time.Time{}}) {
 		seen[sc.Relation] = true
 	}
 	require.Len(t, seen, parts)

@@ -18,7 +18,7 @@ func TestMigratePartitioned(t *testing.T) {
 	cfg := &durable.Config{Schema: b.schema, Partitions: 4}
 	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg))
 	require.NoError(t, durable.Migrate(b.ctx, b.pool, cfg), "up to date: a no-op")
-	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, b.versions(t, "idempotency_keys"))
+	require.Equal(t, []int64{1}, b.versions(t, "idempotency_keys"))
 
 	table := pgx.Identifier{b.schema, "idempotency_keys"}.Sanitize()
 	var kind, strategy string

@@ -6,13 +6,15 @@ import (
 )
 
 // columns is the select list every statement that returns rows uses, in the
-// order scanRecord reads them. A row claimed before migration 0005 has no
-// intent_id: its intent is its owner_token. now() is the database's clock at
-// the statement, from which the Store tells how long the row still lives
-// (idem.Record.TTL) without comparing it with any host's clock.
+// order scanRecord reads them. A first attempt stores no intent_id (its
+// intent is its owner_token) and no attempt number (1), which keeps the row
+// narrow. now() is the database's clock at the statement, from which the
+// Store tells how long the row still lives (idem.Record.TTL) without
+// comparing it with any host's clock.
 const columns = `user_id, key, request_hash, owner_token, response_status,
 	response_headers, response_body, created_at, completed_at,
-	coalesce(intent_id, owner_token) AS intent_id, coalesce(attempt, 1) AS attempt, hold_until, released_at, now()`
+	coalesce(intent_id, owner_token) AS intent_id, coalesce(attempt, 1) AS attempt,
+	hold_until, released_at, retention, now()`
 
 // statements holds every SQL statement of a Store, built once by New for its
 // table. Each is one round trip.
@@ -34,43 +36,50 @@ type statements struct {
 	completeManyAsync, completeManyAsyncNotify string
 }
 
-// live is the condition under which a row is live, with the retention in
-// microseconds as parameter $n. A row expires retention after its answer
-// (completed_at) or its release (released_at); a row in progress never
-// expires, however old, so that an unanswered key can never be claimed
-// again as a new intent while its first execution's outcome is unknown.
-// A released row is not live either: no claim holds it, and the next Claim
-// takes it over (see takeable).
-func live(n int) string {
-	r := "$" + strconv.Itoa(n) + "::bigint * interval '1 microsecond'"
-	return "released_at IS NULL AND (completed_at IS NULL OR completed_at >= now() - " + r + ")"
-}
+// Every row keeps its own retention: how long it lives after its answer
+// (completed_at) or its release (released_at). The claim writes the
+// retention of the Store that claims; the answer write, the release and the
+// give-back raise it to their own Store's when that is longer. So a key
+// lives at least as long as every instance that took part in it promised,
+// whatever the retention of the instance that reads, sweeps or claims it
+// later: no Store's setting decides for another's rows.
+//
+// A row in progress never expires, however old, so that an unanswered key
+// can never be claimed again as a new intent while its first execution's
+// outcome is unknown.
+const (
+	// live is the condition under which a row is live: in progress, or
+	// answered less than its retention ago. A released row is not live: no
+	// claim holds it, and the next Claim takes it over (see takeable).
+	live = "released_at IS NULL AND (completed_at IS NULL OR completed_at + retention >= now())"
+	// expired is the condition under which a row has expired: answered or
+	// released longer than its retention ago.
+	expired = "coalesce(completed_at, released_at) + retention < now()"
+)
 
-// expired is the condition under which a row has expired: answered or
-// released longer than the retention ($n, microseconds) ago.
-func expired(n int) string {
-	return "coalesce(completed_at, released_at) < now() - $" + strconv.Itoa(n) + "::bigint * interval '1 microsecond'"
+// retentionParam is the retention of the Store that writes, as parameter
+// $n in microseconds, turned into an interval by the database.
+func retentionParam(n int) string {
+	return "$" + strconv.Itoa(n) + "::bigint * interval '1 microsecond'"
 }
 
 // newStatements builds the statements for the quoted, qualified table name t.
-//
-// The retention is always a parameter in microseconds, turned into an
-// interval by the database (see live and expired).
 func newStatements(t string) *statements {
 	r := strings.NewReplacer(
 		"{t}", t,
 		"{cols}", columns,
-		"{expired5}", expired(5),
-		"{live3}", live(3),
-		"{live7}", live(7),
+		"{expired}", expired,
+		"{live}", live,
+		"{retention5}", retentionParam(5),
+		"{retention7}", retentionParam(7),
 	)
 	// takeable: the existing row of the key is the claim's to take over,
-	// with h the fingerprint, $5 the retention: it has expired (a new
-	// intent), or it was released and the request is the same (a new
-	// attempt of the same intent). A released row of another request is
-	// not: that request is refused as a reused key.
+	// with h the fingerprint: it has expired (a new intent), or it was
+	// released and the request is the same (a new attempt of the same
+	// intent). A released row of another request is not: that request is
+	// refused as a reused key.
 	takeable := func(h string) string {
-		return "coalesce(" + expired(5) + " OR (released_at IS NOT NULL AND response_status IS NULL AND request_hash = " + h + "), false)"
+		return "coalesce(" + expired + " OR (released_at IS NOT NULL AND response_status IS NULL AND request_hash = " + h + "), false)"
 	}
 	r2 := strings.NewReplacer("{takeable}", takeable("$3"), "{takeableMany}", takeable("req.h"))
 	st := &statements{
@@ -83,8 +92,8 @@ func newStatements(t string) *statements {
 		// is seen as it was, in progress, and the claim answers at once.
 		// An intent equal to the owner token (the first attempt's, see
 		// ClaimParams.Intent) is stored as NULL, and so is the first
-		// attempt's number: the row grows by hold_until alone, which keeps
-		// the answer write HOT (TestAnswerWritesAreHOT).
+		// attempt's number, which keeps the row narrow and the answer write
+		// HOT (TestAnswerWritesAreHOT).
 		//
 		// ins inserts the row only when cur found none, so a claim of a
 		// taken key never reaches ON CONFLICT's pre-check, which would wait
@@ -106,8 +115,8 @@ WITH cur AS (
 	SELECT {cols}, {takeable} AS takeable FROM {t}
 	WHERE user_id = $1 AND key = $2
 ), ins AS (
-	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
-	SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interval '1 microsecond'
+	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until, retention)
+	SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interval '1 microsecond', {retention5}
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (user_id, key) DO NOTHING
 	RETURNING {cols}
@@ -131,8 +140,8 @@ WITH req AS (
 ), cur AS (
 	SELECT {cols}, {takeableMany} AS takeable FROM req JOIN {t} ON user_id = req.s AND key = req.k
 ), ins AS (
-	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until)
-	SELECT req.s, req.k, req.h, req.o, nullif(req.i, req.o), now() + req.hold * interval '1 microsecond'
+	INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until, retention)
+	SELECT req.s, req.k, req.h, req.o, nullif(req.i, req.o), now() + req.hold * interval '1 microsecond', {retention5}
 	FROM req WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.user_id = req.s AND cur.key = req.k)
 	ORDER BY req.s, req.k
 	ON CONFLICT (user_id, key) DO NOTHING
@@ -146,9 +155,10 @@ SELECT {cols}, false, takeable FROM cur`)),
 		// $6 intent, $7 hold (microseconds).
 		//
 		// Takes over the row of a key that is takeable: an expired row
-		// becomes a new intent ($6, attempt 1, the new fingerprint), as if
-		// it had been deleted and inserted again; a released row becomes
-		// the next attempt of its intent (same intent, attempt + 1). Either
+		// becomes a new intent ($6, attempt 1, the new fingerprint, this
+		// Store's retention), as if it had been deleted and inserted again;
+		// a released row becomes the next attempt of its intent (same
+		// intent, attempt + 1, the longer of the two retentions). Either
 		// way the row gets the new owner, no answer, a fresh created_at
 		// and hold_until, and no reconciliation state. Two takeovers of
 		// one row serialise on its row lock; the second re-checks the WHERE
@@ -161,8 +171,9 @@ SELECT {cols}, false, takeable FROM cur`)),
 UPDATE {t} SET
 	request_hash       = $3,
 	owner_token        = $4,
-	intent_id          = CASE WHEN {expired5} THEN nullif($6::bytea, $4::bytea) ELSE coalesce(intent_id, owner_token) END,
-	attempt            = CASE WHEN {expired5} THEN NULL ELSE coalesce(attempt, 1) + 1 END,
+	intent_id          = CASE WHEN {expired} THEN nullif($6::bytea, $4::bytea) ELSE coalesce(intent_id, owner_token) END,
+	attempt            = CASE WHEN {expired} THEN NULL ELSE coalesce(attempt, 1) + 1 END,
+	retention          = CASE WHEN {expired} THEN {retention5} ELSE greatest(retention, {retention5}) END,
 	response_status    = NULL,
 	response_headers   = NULL,
 	response_body      = NULL,
@@ -175,10 +186,10 @@ UPDATE {t} SET
 WHERE user_id = $1 AND key = $2 AND {takeable}
 RETURNING {cols}`)),
 
-		// $1 scope, $2 key, $3 retention.
+		// $1 scope, $2 key.
 		get: r.Replace(`
 SELECT {cols} FROM {t}
-WHERE user_id = $1 AND key = $2 AND {live3}`),
+WHERE user_id = $1 AND key = $2 AND {live}`),
 
 		// The answer write: see completeSQL. It commits with the
 		// transaction's synchronous_commit (on, unless the server or the
@@ -194,7 +205,7 @@ WHERE user_id = $1 AND key = $2 AND {live3}`),
 
 		// The answer write over arrays of answers, one per key: $1
 		// scopes, $2 keys, $3 owners, $4 statuses, $5 headers (JSON), $6
-		// bodies, and $7 the retention. It returns the scope and key of
+		// bodies, and $7 the writer's retention. It returns the scope and key of
 		// each row it wrote; a request it returns nothing for is told why
 		// alone, as after complete. Answers of the same keys come from one
 		// owner each, so two of these statements never wait for each
@@ -204,7 +215,7 @@ WHERE user_id = $1 AND key = $2 AND {live3}`),
 		completeManyNotify:      r.Replace(completeManySQL("", true)),
 		completeManyAsyncNotify: r.Replace(completeManySQL(asyncCommit+", ", true)),
 
-		// $1 scope, $2 key, $3 owner.
+		// $1 scope, $2 key, $3 owner, $4 the writer's retention.
 		//
 		// Marks the owner's in-progress row released: it keeps its
 		// fingerprint and intent, so the same key with another request is
@@ -212,11 +223,13 @@ WHERE user_id = $1 AND key = $2 AND {live3}`),
 		// over as a new attempt of the same intent. reconcile_after = NULL
 		// takes a postponed row out of the reconciler's partial index.
 		release: r.Replace(`
-UPDATE {t} SET released_at = now(), reconcile_after = NULL
+UPDATE {t} SET released_at = now(), reconcile_after = NULL,
+	retention = greatest(retention, ` + retentionParam(4) + `)
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND released_at IS NULL`),
 
-		// $1 scope, $2 key, $3 fingerprint, $4 owner.
+		// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 the writer's
+		// retention.
 		//
 		// Gives back a claim whose reply was lost (the Guard's give-back):
 		// the owner's in-progress row is marked released, as release does.
@@ -230,40 +243,53 @@ WHERE user_id = $1 AND key = $2 AND owner_token = $3
 		// inserts nothing. Another owner's row, or an answered or released
 		// one, is left as it is.
 		giveBack: r.Replace(`
-INSERT INTO {t} AS r (user_id, key, request_hash, owner_token, hold_until, released_at)
-VALUES ($1, $2, $3, $4, now(), now())
-ON CONFLICT (user_id, key) DO UPDATE SET released_at = now(), reconcile_after = NULL
+INSERT INTO {t} AS r (user_id, key, request_hash, owner_token, hold_until, retention, released_at)
+VALUES ($1, $2, $3, $4, now(), {retention5}, now())
+ON CONFLICT (user_id, key) DO UPDATE SET released_at = now(), reconcile_after = NULL,
+	retention = greatest(r.retention, excluded.retention)
 WHERE r.owner_token = excluded.owner_token AND r.response_status IS NULL AND r.released_at IS NULL`),
 
-		// $1 scope, $2 key, $3 retention. Run only after an update matched
-		// no row, to tell why.
+		// $1 scope, $2 key. Run only after an update matched no row, to
+		// tell why.
 		inspect: r.Replace(`
 SELECT owner_token, response_status IS NOT NULL FROM {t}
-WHERE user_id = $1 AND key = $2 AND {live3}`),
+WHERE user_id = $1 AND key = $2 AND {live}`),
 
-		// $1 retention, $2 limit. SKIP LOCKED lets several sweepers (and
-		// a Claim taking over an expired row) run at once. Expired rows
-		// are answered or released, so their created_at is older than the
-		// retention too: the created_at index bounds the range, and rows
-		// in progress in it (never expired) are passed over.
+		// $1 the sweeping Store's retention, $2 limit, $3 where the last
+		// batch ended (the newest created_at it deleted; -infinity for the
+		// first). SKIP LOCKED lets several sweepers (and a Claim taking
+		// over an expired row) run at once.
+		//
+		// Each row expires by its own retention. A row's created_at comes
+		// before its answer or release, so a row of this Store's retention
+		// or a shorter one that has expired was created more than this
+		// Store's retention ago: the created_at index bounds the range, and
+		// each batch goes on from where the last one ended, so one run
+		// reads the range once. The rows in it that have not expired (in
+		// progress, or kept longer by another instance's retention) are
+		// passed over; a row of a shorter retention is deleted later than
+		// it expired, which changes nothing (an expired row is invisible to
+		// every statement). It returns the created_at of each row it
+		// deleted.
 		sweepBatch: r.Replace(`
 DELETE FROM {t}
 WHERE (user_id, key) IN (
 	SELECT user_id, key FROM {t}
-	WHERE created_at < now() - $1::bigint * interval '1 microsecond'
-		AND coalesce(completed_at, released_at) < now() - $1::bigint * interval '1 microsecond'
+	WHERE created_at >= $3 AND created_at < now() - $1::bigint * interval '1 microsecond'
+		AND {expired}
 	ORDER BY created_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
-)`),
+)
+RETURNING created_at`),
 	}
 	// The same writes announcing their key when they changed a row
-	// (Config.Notify): complete's $8 and release's $4 are the channel, the
-	// next parameter the key's tag.
+	// (Config.Notify): complete's $8, release's $5 and giveBack's $6 are
+	// the channel, the next parameter the key's tag.
 	st.completeNotify = withNotify(st.complete, 8)
 	st.completeAsyncNotify = withNotify(st.completeAsync, 8)
-	st.releaseNotify = withNotify(st.release, 4)
-	st.giveBackNotify = withNotify(st.giveBack, 5)
+	st.releaseNotify = withNotify(st.release, 5)
+	st.giveBackNotify = withNotify(st.giveBack, 6)
 	return st
 }
 
@@ -286,11 +312,12 @@ UPDATE {t} SET
 	response_headers = ans.headers::jsonb,
 	response_body    = ans.body,
 	completed_at     = now(),
-	reconcile_after  = NULL
+	reconcile_after  = NULL,
+	retention        = greatest(retention, {retention7})
 FROM ` + from + `unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::text[], $6::bytea[]` + arrays + `)
 	AS ans(s, k, o, status, headers, body` + names + `)
 WHERE user_id = ans.s AND key = ans.k AND owner_token = ans.o
-	AND response_status IS NULL AND {live7}
+	AND response_status IS NULL AND {live}
 RETURNING ans.s, ans.k`
 	if !notify {
 		return write
@@ -300,21 +327,21 @@ RETURNING ans.s, ans.k`
 
 // completeSQL stores the answer of the in-progress row an owner claimed.
 //
-// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body, $7 retention.
+// $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body, $7 the
+// writer's retention, which the row keeps when it is longer than its own.
 //
 // The answer write is a HOT update (TestAnswerWritesAreHOT): it changes no
-// column an index uses (no index reads response_status: migration 0003
-// drops the partial index of in-progress rows), and fillfactor leaves room
-// for the new version on its page. reconcile_after = NULL takes a postponed
+// column an index uses (no index reads response_status or retention), and
+// fillfactor leaves room for the new version on its page. reconcile_after = NULL takes a postponed
 // row out of the reconciler's partial index once it has its answer; on
 // every other row it is already NULL, which PostgreSQL counts as unchanged.
 //
 // A row in progress never expires, so only a released one is refused by the
-// liveness check ({live7}, see live).
+// liveness check ({live}).
 //
 // Every statement says "no answer yet" as response_status IS NULL, and only
 // this one sets an answer, with its completed_at: no CHECK constraint is
-// needed to keep the two NULL together (migration 0004 drops them).
+// needed to keep the two NULL together.
 // TestPlansUseThePrimaryKey pins the plans of the writes on the primary key.
 const completeSQL = `
 UPDATE {t} SET
@@ -322,9 +349,10 @@ UPDATE {t} SET
 	response_headers = $5,
 	response_body    = $6,
 	completed_at     = now(),
-	reconcile_after  = NULL
+	reconcile_after  = NULL,
+	retention        = greatest(retention, {retention7})
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
-	AND response_status IS NULL AND {live7}`
+	AND response_status IS NULL AND {live}`
 
 // withNotify wraps a write of one row so that, when it changed the row, it
 // also pg_notify's parameter $n (the channel) with $n+1 (the payload).
@@ -332,8 +360,8 @@ func withNotify(write string, n int) string {
 	return "WITH w AS (" + write + "\nRETURNING 1\n)\nSELECT pg_notify($" + strconv.Itoa(n) + ", $" + strconv.Itoa(n+1) + ") FROM w"
 }
 
-// leaseStatements are the statements of a [Leader], over the table's lease
-// table (migration 0006), each one autocommit round trip.
+// leaseStatements are the statements of a [Leader], over the lease table
+// beside the table (<table>_leases), each one autocommit round trip.
 type leaseStatements struct {
 	hold, release string
 }
@@ -366,12 +394,11 @@ WHERE job = $1 AND holder = $2 AND expires_at > now()`),
 }
 
 // backlogStatements are the reconciler's statements (see backlog.go) over
-// the table and its <table>_reconcile row (migration 0003), each one
-// autocommit round trip.
+// the table and its <table>_reconcile row, each one autocommit round trip.
 //
 // No index lists in-progress rows: one whose predicate reads response_status
-// would make every answer write a non-HOT update (migration 0003). A run
-// finds due rows in two places instead:
+// would make every answer write a non-HOT update. A run finds due rows in
+// two places instead:
 //
 //   - postponed rows, whose reconcile_after is set, through the partial index
 //     on reconcile_after, which holds only them;

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemguard/idem"
@@ -337,7 +338,7 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 	if err := checkKey(op, scope, key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := s.scanRecord(s.admit.QueryRow(ctx, s.sql.get, scope, key, s.retention))
+	rec, err := s.scanRecord(s.admit.QueryRow(ctx, s.sql.get, scope, key))
 	if err != nil {
 		return idem.Record{}, translate(op, err)
 	}
@@ -483,9 +484,9 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token
 		err error
 	)
 	if s.cfg.Notify {
-		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.channel, keyTag(scope, key))
+		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.retention, s.channel, keyTag(scope, key))
 	} else {
-		tag, err = s.db.Exec(ctx, s.sql.release, scope, key, owner[:])
+		tag, err = s.db.Exec(ctx, s.sql.release, scope, key, owner[:], s.retention)
 	}
 	if err != nil {
 		return translate(op, err)
@@ -517,9 +518,9 @@ func (s *Store) GiveBack(ctx context.Context, p idem.ClaimParams) error {
 		err error
 	)
 	if s.cfg.Notify {
-		tag, err = s.db.Exec(ctx, s.sql.giveBackNotify, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.channel, keyTag(p.Scope, p.Key))
+		tag, err = s.db.Exec(ctx, s.sql.giveBackNotify, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, s.channel, keyTag(p.Scope, p.Key))
 	} else {
-		tag, err = s.db.Exec(ctx, s.sql.giveBack, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:])
+		tag, err = s.db.Exec(ctx, s.sql.giveBack, p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention)
 	}
 	if err != nil {
 		return translate(op, err)
@@ -537,7 +538,7 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner idem.Token
 		got  []byte
 		done bool
 	)
-	err := s.db.QueryRow(ctx, s.sql.inspect, scope, key, s.retention).Scan(&got, &done)
+	err := s.db.QueryRow(ctx, s.sql.inspect, scope, key).Scan(&got, &done)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return &opError{op: op, kind: idem.ErrNotFound}
@@ -554,15 +555,35 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner idem.Token
 	}
 }
 
-func (s *Store) sweepBatch(ctx context.Context, op string, limit int) (int64, error) {
+// sweepBatch deletes up to limit expired rows created at or after from (the
+// zero time: from the oldest), and returns how many it deleted and the
+// newest created_at among them, where the next batch goes on from.
+func (s *Store) sweepBatch(ctx context.Context, op string, limit int, from time.Time) (int64, time.Time, error) {
 	if limit < 1 {
-		return 0, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
+		return 0, from, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
 	}
-	tag, err := s.db.Exec(ctx, s.sql.sweepBatch, s.retention, limit)
+	start := pgtype.Timestamptz{Time: from, Valid: true}
+	if from.IsZero() {
+		start.InfinityModifier = pgtype.NegativeInfinity
+	}
+	rows, err := s.db.Query(ctx, s.sql.sweepBatch, s.retention, limit, start)
 	if err != nil {
-		return 0, translate(op, err)
+		return 0, from, translate(op, err)
 	}
-	return tag.RowsAffected(), nil
+	var n int64
+	newest := from
+	for rows.Next() {
+		var created time.Time
+		if err := rows.Scan(&created); err != nil {
+			rows.Close()
+			return n, newest, translate(op, err)
+		}
+		n++
+		if created.After(newest) {
+			newest = created
+		}
+	}
+	return n, newest, translate(op, rows.Err())
 }
 
 func checkKey(op, scope, key string) error {
@@ -614,25 +635,25 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 		headers             []byte
 		body                []byte
 		completedAt         *time.Time
-		holdUntil           *time.Time
 		releasedAt          *time.Time
 		attempt             int32
+		retention           time.Duration
 		dbNow               time.Time
 	)
 	dest := append([]any{&rec.Scope, &rec.Key, &hash, &owner, &status,
-		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &holdUntil, &releasedAt, &dbNow}, extra...)
+		&headers, &body, &rec.CreatedAt, &completedAt, &intent, &attempt, &rec.HoldUntil, &releasedAt, &retention, &dbNow}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	// A row lives Retention after its answer; a row in progress never
-	// expires, and its answer, written later, will live at least as long
-	// as Retention from now.
-	rec.TTL = s.cfg.Retention
+	// A row lives its own retention after its answer or release; a row in
+	// progress never expires, and its answer, written later, will live at
+	// least its retention from now.
+	rec.TTL = retention
 	switch {
 	case completedAt != nil:
-		rec.TTL = completedAt.Add(s.cfg.Retention).Sub(dbNow)
+		rec.TTL = completedAt.Add(retention).Sub(dbNow)
 	case releasedAt != nil:
-		rec.TTL = releasedAt.Add(s.cfg.Retention).Sub(dbNow)
+		rec.TTL = releasedAt.Add(retention).Sub(dbNow)
 		rec.ReleasedAt = *releasedAt
 	}
 	if len(hash) != len(rec.Fingerprint) || len(owner) != len(rec.Owner) || len(intent) != len(rec.Intent) {
@@ -643,9 +664,6 @@ func (s *Store) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	copy(rec.Owner[:], owner)
 	copy(rec.Intent[:], intent)
 	rec.Attempt = int(attempt)
-	if holdUntil != nil {
-		rec.HoldUntil = *holdUntil
-	}
 	rec.Age = dbNow.Sub(rec.CreatedAt)
 	if status == nil {
 		return rec, nil

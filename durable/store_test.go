@@ -539,7 +539,7 @@ func TestInvalidText(t *testing.T) {
 	}
 }
 
-// TestForeignRows: the table has no CHECK constraints (migration 0004), so
+// TestForeignRows: the table has no CHECK constraints, so
 // a writer other than the store could leave rows they would have refused.
 // The store never turns one into a decision or an overwrite: a fingerprint
 // or owner of the wrong length is an error, and "answered" is read from
@@ -549,8 +549,8 @@ func TestForeignRows(t *testing.T) {
 	insert := func(key, hash, owner string, status *int, completed bool) {
 		t.Helper()
 		_, err := b.pool.Exec(b.ctx, `INSERT INTO `+b.store.Table()+`
-(user_id, key, request_hash, owner_token, response_status, completed_at)
-VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), $4, CASE WHEN $5 THEN now() END)`,
+(user_id, key, request_hash, owner_token, hold_until, retention, response_status, completed_at)
+VALUES ('user-1', $1, decode($2, 'hex'), decode($3, 'hex'), now(), interval '1 hour', $4, CASE WHEN $5 THEN now() END)`,
 			key, hash, owner, status, completed)
 		require.NoError(t, err)
 	}
@@ -602,9 +602,9 @@ func TestSweep(t *testing.T) {
 		t.Helper()
 		_, err := b.pool.Exec(b.ctx, `
 INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers,
-	response_body, created_at, completed_at)
+	response_body, created_at, completed_at, hold_until, retention)
 SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), 201, '{}', '',
-	now() - $3::interval, now() - $3::interval
+	now() - $3::interval, now() - $3::interval, now() - $3::interval, `+retentionSQL(b.store)+`
 FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 		require.NoError(t, err)
 	}

@@ -153,12 +153,14 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 	start := time.Now()
 	var deleted int64
 	err := sw.leader.Do(ctx, func(ctx context.Context) error {
+		var from time.Time // each batch goes on where the last one ended
 		for {
 			if err := ctx.Err(); err != nil {
 				return &opError{op: "sweep", err: err}
 			}
-			n, err := sw.batch(ctx)
+			n, newest, err := sw.batch(ctx, from)
 			deleted += n
+			from = newest
 			if err != nil {
 				return err
 			}
@@ -185,12 +187,12 @@ func (sw *Sweeper) SweepOnce(ctx context.Context) (int64, error) {
 	return deleted, err
 }
 
-// batch deletes one batch. The statement is not cancelled with ctx: a stop
-// waits for it, bounded by BatchTimeout.
-func (sw *Sweeper) batch(ctx context.Context) (int64, error) {
+// batch deletes one batch of rows created at or after from. The statement is
+// not cancelled with ctx: a stop waits for it, bounded by BatchTimeout.
+func (sw *Sweeper) batch(ctx context.Context, from time.Time) (int64, time.Time, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sw.cfg.BatchTimeout)
 	defer cancel()
-	return sw.store.sweepBatch(bctx, "sweep", sw.cfg.BatchSize)
+	return sw.store.sweepBatch(bctx, "sweep", sw.cfg.BatchSize, from)
 }
 
 func (sw *Sweeper) report(ctx context.Context, deleted int64, took time.Duration, err error) {

@@ -77,10 +77,12 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 		_, err := pool.Exec(ctx, "TRUNCATE "+store.Table())
 		require.NoError(b, err)
 		_, err = pool.Exec(ctx, `
-INSERT INTO `+store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers, response_body, created_at, completed_at)
+INSERT INTO `+store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers, response_body,
+	created_at, completed_at, hold_until, retention)
 SELECT 'user-' || (g % 1000), 'expired-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'),
 	201, '{"Content-Type":["application/json"]}', convert_to('{"id":' || g || '}', 'UTF8'),
-	now() - interval '25 hours' - g * interval '1 millisecond', now() - interval '25 hours'
+	now() - interval '25 hours' - g * interval '1 millisecond', now() - interval '25 hours',
+	now() - interval '25 hours', interval '24 hours'
 FROM generate_series(1, $1::int) AS g`, backlog)
 		require.NoError(b, err)
 		// Settle the load's aftermath (hint bits, dirty pages) so that it

@@ -21,9 +21,9 @@ func seedAged(t testing.TB, ctx context.Context, pool *pgxpool.Pool, store *dura
 	t.Helper()
 	_, err := pool.Exec(ctx, `
 INSERT INTO `+store.Table()+` (user_id, key, request_hash, owner_token, response_status, response_headers,
-	response_body, created_at, completed_at)
+	response_body, created_at, completed_at, hold_until, retention)
 SELECT $1, 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), 201, '{}', '',
-	now() - $3::interval, now() - $3::interval
+	now() - $3::interval, now() - $3::interval, now() - $3::interval, `+retentionSQL(store)+`
 FROM generate_series(1, $2::int) AS g`, scope, n, ago)
 	require.NoError(t, err)
 }

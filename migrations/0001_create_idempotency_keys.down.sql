@@ -1,1 +1,3 @@
+DROP TABLE IF EXISTS idempotency_keys_leases;
+DROP TABLE IF EXISTS idempotency_keys_reconcile;
 DROP TABLE IF EXISTS idempotency_keys;

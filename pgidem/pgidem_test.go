@@ -103,8 +103,9 @@ func (b *bundle) seedExpired(t *testing.T, scope, key string) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `
 INSERT INTO `+b.table+` (user_id, key, request_hash, owner_token, response_status, response_headers,
-	response_body, created_at, completed_at)
-VALUES ($1, $2, sha256('x'), decode(md5('x'), 'hex'), 201, '{}', '', now() - interval '25 hours', now() - interval '25 hours')`,
+	response_body, created_at, completed_at, hold_until, retention)
+VALUES ($1, $2, sha256('x'), decode(md5('x'), 'hex'), 201, '{}', '', now() - interval '25 hours', now() - interval '25 hours',
+	now() - interval '25 hours', interval '24 hours')`,
 		scope, key)
 	require.NoError(t, err)
 }

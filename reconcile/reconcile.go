@@ -57,7 +57,7 @@
 // # Finding due keys
 //
 // No index lists in-progress rows, so that the answer write stays a HOT
-// update (migration 0003). A run lists postponed keys whose backoff ended
+// update. A run lists postponed keys whose backoff ended
 // through a partial index on reconcile_after, then keys never looked at
 // through the created_at index, over the rows created since the last run's
 // scan less an overlap of MinAge, up to now - MinAge. Where that scan ended
@@ -67,7 +67,7 @@
 //
 // A key is in progress while its work runs, too. The row carries how long
 // the execution that holds it may run (its hold: hold_until less created_at,
-// the MaxHold of the Guard that claimed it, migration 0005), and the
+// the MaxHold of the Guard that claimed it), and the
 // Reconciler acts on a key only once that hold and [Config.MinAge] have both
 // passed on its own monotonic clock since it first listed that attempt
 // there. The database's clock only decides which rows are listed: one that
@@ -199,12 +199,12 @@ type Guard interface {
 
 // Store is the idempotency table a Reconciler works on. *durable.Store
 // satisfies it: pass the store the Guard uses. The Reconciler lists due keys
-// and keeps their backoff through it (the columns of migration 0002, see
-// durable.Store.ListPostponed and the methods beside it), and settles or
-// releases them through the Guard.
+// and keeps their backoff (reconcile_attempts and reconcile_after) through
+// it (see durable.Store.ListPostponed and the methods beside it), and settles
+// or releases them through the Guard.
 type Store interface {
 	// Table is the quoted, qualified table name; the reconciler's lease
-	// is kept in the lease table beside it (migration 0006).
+	// is kept in the lease table beside it (<table>_leases).
 	Table() string
 	// Retention is how long a key lives after its answer or release; a key
 	// in progress never expires. It must be longer than MinAge plus
@@ -248,8 +248,7 @@ type Config struct {
 	// Reconciler's own monotonic clock from that first listing, beside the
 	// row's own hold (the reconciler never acts on a row before that has
 	// passed too, whichever Guard claimed it). It must be longer than the
-	// Guard's MaxHold, which stands in for the hold of rows claimed before
-	// migration 0005, and with Interval shorter than the store's
+	// Guard's MaxHold and, with Interval, shorter than the store's
 	// retention. Defaults to 1m (the Guard's default MaxHold is 46.5s).
 	MinAge time.Duration
 	// BatchSize is the number of keys listed per statement. A run handles
@@ -564,9 +563,8 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 }
 
 // wait reports how much longer, on the Reconciler's own monotonic clock, it
-// must leave the listed attempt d alone: the attempt's hold (d.Hold, or for a
-// row claimed before migration 0005 the Guard's MaxHold) and MinAge, each
-// counted from when this Reconciler first listed that owner on that key.
+// must leave the listed attempt d alone: the attempt's hold (d.Hold) and
+// MinAge, each counted from when this Reconciler first listed that owner on that key.
 // Only this process's clock decides: a database clock that stepped forward
 // lists a live attempt early, but cannot make it due. A Reconciler that has
 // not seen an attempt before (a new leader, a restart) counts afresh, which
@@ -574,10 +572,6 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 // claim, so a sighting proves the claim came before it.
 func (r *Reconciler) wait(ctx context.Context, d durable.Due) time.Duration {
 	now := clock.Now(ctx)
-	hold := d.Hold
-	if hold <= 0 {
-		hold = r.guard.MaxHold()
-	}
 	id := attempt{d.Scope, d.Key, d.Owner}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -587,7 +581,7 @@ func (r *Reconciler) wait(ctx context.Context, d durable.Due) time.Duration {
 	}
 	s.last = now
 	r.sightings[id] = s
-	return max(hold, r.cfg.MinAge) - now.Sub(s.first)
+	return max(d.Hold, r.cfg.MinAge) - now.Sub(s.first)
 }
 
 // forget drops the sighting of an attempt that is no longer due.

@@ -367,8 +367,9 @@ func TestBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "table")
 	_, err := b.pool.Exec(b.ctx, `
-INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, created_at)
-SELECT 'user-1', 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), now() - interval '1 hour' + g * interval '1 second'
+INSERT INTO `+b.store.Table()+` (user_id, key, request_hash, owner_token, created_at, hold_until, retention)
+SELECT 'user-1', 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'), now() - interval '1 hour' + g * interval '1 second',
+	now() - interval '1 hour' + g * interval '1 second', interval '24 hours'
 FROM generate_series(1, 250) AS g`)
 	require.NoError(t, err)
 	b.res.answer(reconcile.Decision{Verdict: reconcile.NothingHappened}, nil)

@@ -10,7 +10,7 @@ import (
 	"github.com/idemguard/idem/reconcile"
 )
 
-// stateTable is the reconciler's table of migration 0003, beside the store's.
+// stateTable is the reconciler's table (<table>_reconcile), beside the store's.
 func (b *bundle) stateTable() string {
 	t := b.store.Table()
 	return t[:len(t)-1] + `_reconcile"`

@@ -148,7 +148,7 @@ func (c *cmd) inspect(ctx context.Context, args []string) error {
 		}
 		line("body", "%d bytes", len(a.Body))
 	}
-	line("retention", "%s", describeRetention(row, st.Retention()))
+	line("retention", "%s", describeRetention(row))
 	if lease != nil {
 		line("lease", "%s", lease.describe())
 	}
@@ -173,8 +173,6 @@ func describeState(r durable.KeyRow) string {
 
 func describeHold(r durable.KeyRow) string {
 	switch {
-	case r.HoldUntil.IsZero():
-		return "none (claimed before migration 0005)"
 	case r.State != durable.StateInProgress:
 		return fmt.Sprintf("until %s", stamp(r.HoldUntil))
 	case r.HoldLeft > 0:
@@ -190,10 +188,10 @@ func describeReconcile(r durable.KeyRow) string {
 	return fmt.Sprintf("%d failed attempt(s), next after %s", r.ReconcileAttempts, stamp(r.ReconcileAfter))
 }
 
-func describeRetention(r durable.KeyRow, retention time.Duration) string {
+func describeRetention(r durable.KeyRow) string {
 	switch r.State {
 	case durable.StateInProgress:
-		return fmt.Sprintf("never expires while in progress; its answer will live %s", human(retention))
+		return fmt.Sprintf("never expires while in progress; its answer will live %s", human(r.TTL))
 	case durable.StateExpired:
 		return fmt.Sprintf("expired %s ago: the next claim takes it over as a new intent", human(-r.TTL))
 	}

@@ -45,7 +45,8 @@ Flags of every command:
   -database-url URL   PostgreSQL (default $DATABASE_URL, else ` + defaultDatabaseURL + `)
   -schema NAME        the table's schema (default: the connection's current schema)
   -table NAME         the table (default ` + durable.DefaultTable + `)
-  -retention D        the store's retention, as the Guard's store has it (default 24h)
+  -retention D        the retention settle and release give a key when it is longer
+                      than the row's own, as the Guard's store has it (default 24h)
   -json               print JSON instead of text
 
 Run "idem <command> -h" for a command's own flags.
@@ -125,7 +126,7 @@ func (c *cmd) flags(name string) *flag.FlagSet {
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL, else "+defaultDatabaseURL+")")
 	fs.StringVar(&c.cfg.Schema, "schema", "", "the table's schema (default: the connection's current schema)")
 	fs.StringVar(&c.cfg.Table, "table", durable.DefaultTable, "the table")
-	fs.DurationVar(&c.cfg.Retention, "retention", durable.DefaultRetention, "the store's retention (durable.Config.Retention)")
+	fs.DurationVar(&c.cfg.Retention, "retention", durable.DefaultRetention, "the retention settle and release give a key when it is longer than the row's own (durable.Config.Retention)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of text")
 	return fs
 }

@@ -289,7 +289,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The guard, and the maintenance that svc.Run runs on every instance:
 	// the reconciler and the sweeper each take a lease row of the table
-	// (migration 0006), so one instance at a time does the work.
+	// (<table>_leases), so one instance at a time does the work.
 	svc, err := pgidem.New(pool, rdb, c.resolve, &pgidem.Config{
 		Store:     cfg.storeConfig(),
 		Guard:     gcfg,
