@@ -135,6 +135,9 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (KeyRow, error) 
 	if err := checkKey(op, scope, key); err != nil {
 		return KeyRow{}, err
 	}
+	if err := s.schema.ready(ctx, s.db, op, s.table); err != nil {
+		return KeyRow{}, err
+	}
 	row, err := s.scanKeyRow(s.db.QueryRow(ctx, s.admin().inspect, scope, key))
 	if err != nil {
 		return KeyRow{}, translate(op, err)
@@ -152,6 +155,9 @@ func (s *Store) ListPending(ctx context.Context, limit int) ([]KeyRow, error) {
 	if limit < 1 {
 		return nil, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
 	}
+	if err := s.schema.ready(ctx, s.db, op, s.table); err != nil {
+		return nil, err
+	}
 	rows, err := s.db.Query(ctx, s.admin().pending, limit)
 	if err != nil {
 		return nil, translate(op, err)
@@ -164,6 +170,9 @@ func (s *Store) ListPending(ctx context.Context, limit int) ([]KeyRow, error) {
 // reads the whole table.
 func (s *Store) CountStates(ctx context.Context) (StateCounts, error) {
 	var c StateCounts
+	if err := s.schema.ready(ctx, s.db, "count states", s.table); err != nil {
+		return c, err
+	}
 	err := s.db.QueryRow(ctx, s.admin().counts).Scan(
 		&c.InProgress, &c.Pending, &c.Answered, &c.Released, &c.Expired)
 	return c, translate("count states", err)

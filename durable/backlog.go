@@ -45,6 +45,9 @@ func newBacklog(table, state string) *backlogStatements {
 // ListPostponed lists up to limit in-progress rows whose backoff has ended,
 // in the order it ended.
 func (s *Store) ListPostponed(ctx context.Context, limit int) ([]Due, error) {
+	if err := s.schema.ready(ctx, s.db, "list postponed", s.table); err != nil {
+		return nil, err
+	}
 	ds, err := collectDue(s.db.Query(ctx, s.backlog.listPostponed, limit))
 	return ds, translate("list postponed", err)
 }
@@ -55,6 +58,9 @@ func (s *Store) ListPostponed(ctx context.Context, limit int) ([]Due, error) {
 // [Store.MarkScanned]) less overlap, or, before any scan, the oldest row's
 // created_at.
 func (s *Store) ScanWindow(ctx context.Context, minAge, overlap time.Duration) (from, to time.Time, err error) {
+	if err := s.schema.ready(ctx, s.db, "scan window", s.table); err != nil {
+		return time.Time{}, time.Time{}, err
+	}
 	err = s.db.QueryRow(ctx, s.backlog.window, minAge.Microseconds(), overlap.Microseconds()).Scan(&from, &to)
 	return from, to, translate("scan window", err)
 }

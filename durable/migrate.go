@@ -33,7 +33,9 @@ CREATE TABLE ` + versionTable + ` (
 
 // Migrate brings the table of cfg (a nil cfg gives the defaults) up to date
 // with the migrations embedded in package migrations. It is a no-op when the
-// table is up to date.
+// table is up to date, and fails, changing nothing, when the table has a
+// migration this build does not have: a newer build migrated it, and this
+// one must not serve it (see [Store]).
 //
 // Everything happens in one transaction of db, so a failed migration leaves
 // nothing behind. It first takes a transaction-scoped advisory lock derived
@@ -200,6 +202,12 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 		return nil
 	}
 
+	for _, v := range applied {
+		if !slices.ContainsFunc(files, func(m migration) bool { return m.version == v }) {
+			return fmt.Errorf("%w: version %d is applied to %s and this build has no such migration (it serves version %d): deploy a build that has it",
+				errSchemaNewer, v, c.qualified(), files[len(files)-1].version)
+		}
+	}
 	for _, m := range files {
 		if slices.Contains(applied, m.version) {
 			continue

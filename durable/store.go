@@ -34,6 +34,15 @@ var errContended = errors.New("row kept changing under concurrent claims and rel
 // statement, so one round trip, except where its comment says otherwise
 // (Claim under a race, and the failure paths of Complete and Release).
 //
+// A Store serves only a table at the schema version its statements are
+// written for. The first Claim or Get, and the first statement of each
+// Sweeper and reconciler run, read the version the migrations recorded (the
+// view <table>_schema), once more at most every minute on the request path:
+// a table migrated ahead of this build, or not migrated yet, is refused
+// with an error that says so (the Guard answers 503), so that an instance of
+// an older build never acts under rules a newer migration changed. That is
+// one more round trip for a Store's first request and one a minute after.
+//
 // A Store is safe for concurrent use. Its methods never change its state;
 // [Store.WithDB] returns a copy bound to another DB, such as a transaction.
 type Store struct {
@@ -46,6 +55,7 @@ type Store struct {
 	backlog   *backlogStatements // the reconciler's (backlog.go)
 	channel   string             // the table's notification channel (Config.Notify, Listener)
 	joined    bool               // db is the caller's (WithDB): its transaction is never changed
+	schema    *schemaCheck       // shared with the copies WithDB makes
 	// claims and answers share statements among concurrent requests
 	// (batch.go); nil unless db is a pool (statter), and when db is a
 	// caller's transaction (WithDB), whose statements are the caller's to
@@ -85,6 +95,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 		sql:       newStatements(table),
 		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
 		channel:   channelOf(table),
+		schema:    newSchemaCheck(c.qualifiedAs(c.Table + "_schema")),
 	}
 	if p, ok := db.(statter); ok {
 		// Counted by the Store, not read from the pool on every request
@@ -212,6 +223,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 	if err := checkClaim(op, &p); err != nil {
 		return idem.Record{}, false, err
 	}
+	if err := s.schema.ready(ctx, s.admit, op, s.table); err != nil {
+		return idem.Record{}, false, err
+	}
 	hold := p.Hold.Microseconds()
 	if p.Intent == (idem.Token{}) {
 		p.Intent = p.Owner
@@ -331,6 +345,9 @@ func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, er
 // (no claim holds it: the next Claim takes it over) or when it has expired
 // (even if not yet swept).
 func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	if err := s.schema.ready(ctx, s.admit, "get", s.table); err != nil {
+		return idem.Record{}, err
+	}
 	return s.get(ctx, "get", scope, key)
 }
 
@@ -561,6 +578,9 @@ func (s *Store) why(ctx context.Context, op, scope, key string, owner idem.Token
 func (s *Store) sweepBatch(ctx context.Context, op string, limit int, from time.Time) (int64, time.Time, error) {
 	if limit < 1 {
 		return 0, from, invalid(op, fmt.Sprintf("limit %d is not positive", limit))
+	}
+	if err := s.schema.ready(ctx, s.db, op, s.table); err != nil {
+		return 0, from, err
 	}
 	start := pgtype.Timestamptz{Time: from, Valid: true}
 	if from.IsZero() {

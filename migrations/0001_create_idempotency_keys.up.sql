@@ -122,3 +122,12 @@ CREATE TABLE idempotency_keys_leases (
 COMMENT ON TABLE idempotency_keys_leases IS
     'Who leads each periodic job (reconcile, sweep) on idempotency_keys, and until when (database time).';
 
+-- The version of the schema, which every build of idem checks before it
+-- serves (durable's Store, its sweeper and reconciler): a build refuses a
+-- table whose version is not the one its statements are written for, so an
+-- instance of an older build never acts under rules a newer migration
+-- changed. Each later migration replaces the view with its own number.
+CREATE OR REPLACE VIEW idempotency_keys_schema AS SELECT 1 AS version;
+
+COMMENT ON VIEW idempotency_keys_schema IS
+    'Version of the idempotency_keys schema: the number of the last migration applied.';
