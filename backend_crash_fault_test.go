@@ -60,7 +60,9 @@ func TestBackendCrashKeepsAcknowledgedAnswers(t *testing.T) {
 		for _, strategy := range []string{"table", "hybrid"} {
 			name := fmt.Sprintf("answers=%s/strategy=%s", map[bool]string{false: "durable", true: "asynchronous"}[async], strategy)
 			t.Run(name, func(t *testing.T) {
-				dbcfg := &durable.Config{Schema: testdb.Schema(t, admin), AsynchronousAnswers: async}
+				// AdmissionWait: 32 first executions share a small pool on a
+				// busy machine; this test is about durability, not admission.
+				dbcfg := &durable.Config{Schema: testdb.Schema(t, admin), AsynchronousAnswers: async, AdmissionWait: time.Minute}
 				require.NoError(t, durable.Migrate(t.Context(), admin, dbcfg))
 				pool := poolFor(t, pg.URL(), map[string]string{"application_name": "crash-test"})
 				newGuard := func(strategy string, cfg *durable.Config) *idem.Guard {
@@ -79,7 +81,7 @@ func TestBackendCrashKeepsAcknowledgedAnswers(t *testing.T) {
 				g := newGuard(strategy, dbcfg)
 				// The retries read with default settings: what PostgreSQL
 				// holds decides, whatever wrote it.
-				retryCfg := &durable.Config{Schema: dbcfg.Schema}
+				retryCfg := &durable.Config{Schema: dbcfg.Schema, AdmissionWait: time.Minute}
 				table, hybrid := newGuard("table", retryCfg), newGuard("hybrid", retryCfg)
 
 				const perRound = 32
