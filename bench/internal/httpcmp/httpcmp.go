@@ -234,7 +234,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 					Prefix: env.Prefix, Strategy: strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
 				switch impl {
 				case Minimal:
-					fc.Impl = target.Minimal
+					fc.Minimal = true
 				case GuardAsync:
 					fc.AsyncAnswers = true
 				case GuardUnshared:
@@ -285,7 +285,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 // (POST /stats), gives the WAL writer one cycle (wal_writer_delay, 200ms by
 // default) to publish its own, and reads the server's WAL flush count.
 func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int64, error) {
-	if _, err := f.Collect(ctx); err != nil {
+	if err := f.FlushStats(ctx); err != nil {
 		return 0, err
 	}
 	t := time.NewTimer(250 * time.Millisecond)
