@@ -19,8 +19,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -150,20 +148,11 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 	dbURL := cfg.DatabaseURL
 	var proxy *delayproxy.Process
 	if d > 0 {
-		u, err := url.Parse(cfg.DatabaseURL)
-		if err != nil {
-			return fmt.Errorf("database URL: %w", err)
-		}
-		host := u.Host
-		if _, _, err := net.SplitHostPort(host); err != nil {
-			host = net.JoinHostPort(host, "5432")
-		}
-		if proxy, err = delayproxy.Start(ctx, cfg.Binary, host, d); err != nil {
+		var err error
+		if proxy, dbURL, err = delayproxy.Between(ctx, cfg.Binary, cfg.DatabaseURL, d); err != nil {
 			return err
 		}
 		defer proxy.Close()
-		u.Host = proxy.Addr()
-		dbURL = u.String()
 	}
 	env, err := target.Open(ctx, target.Config{
 		DatabaseURL: dbURL, RedisAddr: cfg.RedisAddr, PoolSize: cfg.PoolSize, RedisPoolSize: cfg.RedisPoolSize,

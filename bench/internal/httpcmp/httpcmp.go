@@ -20,8 +20,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,15 +126,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"closed loop, interleaved ABBA rounds; and disk flushes per first execution.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	env := func(name, def string) string {
-		if v := os.Getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	dbURL, redisAddr := cli.ServerFlags(fs)
 	var (
-		dbURL      = fs.String("database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
-		redisAddr  = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
 		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies")
 		rounds     = fs.Int("rounds", 6, "ABBA rounds per strategy, caller count and scenario (at least 2)")
@@ -202,21 +193,11 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	}
 	workerURL := cfg.dbURL
 	if cfg.pgDelay > 0 {
-		u, err := url.Parse(cfg.dbURL)
-		if err != nil {
-			return nil, fmt.Errorf("database URL: %w", err)
-		}
-		host := u.Host
-		if _, _, err := net.SplitHostPort(host); err != nil {
-			host = net.JoinHostPort(host, "5432")
-		}
-		proxy, err := delayproxy.Start(ctx, self, host, cfg.pgDelay)
-		if err != nil {
+		var proxy *delayproxy.Process
+		if proxy, workerURL, err = delayproxy.Between(ctx, self, cfg.dbURL, cfg.pgDelay); err != nil {
 			return nil, err
 		}
 		defer proxy.Close()
-		u.Host = proxy.Addr()
-		workerURL = u.String()
 	}
 	var runs []Run
 	var seq atomic.Int64
