@@ -170,6 +170,8 @@ FROM generate_series($1::int, $1::int + 999) AS g`, i)
 
 // BenchmarkGuard times Guard.Do on each path, against real servers, and
 // reports the PostgreSQL round trips and Redis commands of each.
+//
+//	go test -run '^$' -bench Guard -benchtime 1000x ./bench
 func BenchmarkGuard(b *testing.B) {
 	for _, strategy := range []string{target.Table, target.Hybrid} {
 		for _, p := range paths {
@@ -237,6 +239,8 @@ var handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 //
 // path=bare is the handler without the middleware: subtract it to get the
 // middleware's own cost.
+//
+//	go test -run '^$' -bench Middleware -count 5 ./bench
 func BenchmarkMiddleware(b *testing.B) {
 	body := []byte(`{"hold_ids":[88211,88212],"payment_method":"pm_card_visa"}`)
 	scope := func(*http.Request) (string, bool) { return "user-42", true }
