@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 )
@@ -137,6 +138,7 @@ func TestCrossoverSmoke(t *testing.T) {
 // executions as executed and replays as replayed, and the report compares
 // them.
 func TestHTTPSmoke(t *testing.T) {
+	heavy.Gate(t) // worker processes
 	args := servers(t)
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
