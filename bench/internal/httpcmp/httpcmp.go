@@ -1,11 +1,14 @@
 // Package httpcmp measures the whole request over HTTP: `go run ./bench
-// http` drives the guard's middleware, the minimal SQL behind the same HTTP
-// path (target.MinimalHandler) and, with -baseline, the guard of an earlier
-// build of the bench, each in a worker process of its own on loopback,
-// closed loop, with first executions (unique keys) and replays, at each
-// caller count, in interleaved rounds whose order alternates (ABBA). It
-// reports the medians of the per-round ratios with their spread, and the
-// disk flushes per first execution (pg_stat_wal.wal_sync, server-wide).
+// http` drives the minimal SQL (target.MinimalHandler), the guard's
+// middleware as it runs by default, the same without shared statements
+// (guard-unshared) and with asynchronous answers (guard-async) and, with
+// -baseline, the guard of another build of the bench, each in a worker
+// process of its own on loopback, closed loop, with first executions
+// (unique keys) and replays, at each caller count, in interleaved rounds
+// whose order alternates (ABBA). It reports the medians of the per-round
+// ratios with their spread, and per first execution the disk flushes
+// (pg_stat_wal.wal_sync, server-wide) and the CPU of PostgreSQL and of the
+// worker.
 //
 // The minimal SQL stands in for the strongest Go peer,
 // github.com/repenguin22/idemlease, which the module proxy does not serve

@@ -136,7 +136,7 @@ func (e *Env) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Truncate empties a bench table, so that every step starts from the same
+// Truncate empties a bench table, so that every run starts from the same
 // state.
 func (e *Env) Truncate(ctx context.Context, table string) error {
 	_, err := e.Pool.Exec(ctx, "TRUNCATE "+pgx.Identifier{e.Schema, table}.Sanitize())
