@@ -3,7 +3,6 @@ module github.com/idemguard/idem/bench
 go 1.26.0
 
 require (
-	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/idemguard/idem v0.0.0-20261203155335-3831082ad9fd
 	github.com/jackc/pgx/v5 v5.12.0

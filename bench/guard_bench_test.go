@@ -1,9 +1,8 @@
 package main_test
 
 // Microbenchmarks of idem: every path of the Guard under both strategies
-// against real PostgreSQL and Redis, the middleware alone over in-memory
-// stores, and closed-loop throughput of the guard against the ceiling of its
-// own statements and of the ceiling against the minimal SQL.
+// against real PostgreSQL and Redis, and the middleware alone over the
+// in-memory store.
 //
 //	go test -run '^$' -bench . -benchtime 2s ./bench
 //
@@ -15,18 +14,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime"
-	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -178,6 +170,8 @@ FROM generate_series($1::int, $1::int + 999) AS g`, i)
 
 // BenchmarkGuard times Guard.Do on each path, against real servers, and
 // reports the PostgreSQL round trips and Redis commands of each.
+//
+//	go test -run '^$' -bench Guard -benchtime 1000x ./bench
 func BenchmarkGuard(b *testing.B) {
 	for _, strategy := range []string{target.Table, target.Hybrid} {
 		for _, p := range paths {
@@ -231,66 +225,71 @@ var handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(answer.Body)
 })
 
-// BenchmarkMiddleware times the HTTP middleware alone, over in-memory
-// stores, so no store I/O is included:
+// BenchmarkMiddleware times the HTTP middleware alone over
+// idemtest.MemStore, the in-memory idem.Store users test with, so no store
+// I/O is included. Each path finds its key in the state it needs:
 //
-//   - store=null: a fixture that keeps nothing (every claim wins), the same
-//     key every iteration: the middleware's own cost, no bookkeeping at all;
-//   - store=fixture: the benchmark fixture holding the key in the state the
-//     path needs (a finished answer, a running claim, another fingerprint);
-//   - store=idemtest: idemtest.MemStore, the real in-memory idem.Store that
-//     users test with, and a distinct key every iteration, so each first
-//     execution claims a new row, encodes and stores its answer, and the
-//     map grows. It includes one allocation of the benchmark's own: the key
-//     string, which net/http's header parsing would allocate too.
+//   - first_execution: a distinct key every iteration, so each claims a new
+//     row and encodes and stores its answer (one allocation is the
+//     benchmark's own: the key string, which net/http's header parsing would
+//     allocate too);
+//   - replay: the key answered; in_progress: the key claimed by a request
+//     that has not answered; key_reused: the key answered for another body;
+//   - missing_key: no Idempotency-Key (400).
 //
 // path=bare is the handler without the middleware: subtract it to get the
 // middleware's own cost.
+//
+//	go test -run '^$' -bench Middleware -count 5 ./bench
 func BenchmarkMiddleware(b *testing.B) {
 	body := []byte(`{"hold_ids":[88211,88212],"payment_method":"pm_card_visa"}`)
 	scope := func(*http.Request) (string, bool) { return "user-42", true }
 	fp := idem.HashRequest(http.MethodPost, "/orders", body)
-	finished := func(key string, f idem.Fingerprint, a *idem.Response) idem.Record {
-		return idem.Record{Scope: "user-42", Key: key, Fingerprint: f, Owner: idem.Token{1}, Answer: a}
-	}
-	stored := answer
 	other := fp
 	other[0] ^= 0xff
-	null := func() idem.Store { return fixture.NewNullStore() }
+	// claim leaves key claimed under f by another request, answered unless
+	// a is nil.
+	claim := func(b *testing.B, s *idemtest.MemStore, g *idem.Guard, key string, f idem.Fingerprint, a *idem.Response) {
+		p := idem.ClaimParams{Scope: "user-42", Key: key, Fingerprint: f, Owner: idem.Token{1}, Hold: g.MaxHold()}
+		if _, ok, err := s.Claim(b.Context(), p); err != nil || !ok {
+			b.Fatalf("claim: %v %v", ok, err)
+		}
+		if a != nil {
+			if err := s.Complete(b.Context(), p.Scope, p.Key, p.Owner, *a); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 	cases := []struct {
-		store, name  string
-		newStore     func() idem.Store
-		key          string // "": no key; distinct: a new key every iteration
-		distinctKeys bool
-		status       int
-		bare         bool
+		name     string
+		key      string // "": no key
+		distinct bool   // a new key every iteration
+		prepare  func(b *testing.B, s *idemtest.MemStore, g *idem.Guard)
+		status   int
+		bare     bool
 	}{
-		{store: "null", name: "bare", newStore: null, key: "k", status: http.StatusCreated, bare: true},
-		{store: "null", name: "first_execution", newStore: null, key: "k", status: http.StatusCreated},
-		{store: "idemtest", name: "first_execution", distinctKeys: true, status: http.StatusCreated,
-			newStore: func() idem.Store { return idemtest.NewMemStore(nil) }},
-		{store: "fixture", name: "replay", key: "replay", status: http.StatusCreated, newStore: func() idem.Store {
-			s := fixture.NewMemStore()
-			s.Put(finished("replay", fp, &stored))
-			return s
+		{name: "bare", key: "k", status: http.StatusCreated, bare: true},
+		{name: "first_execution", distinct: true, status: http.StatusCreated},
+		{name: "replay", key: "replay", status: http.StatusCreated, prepare: func(b *testing.B, s *idemtest.MemStore, g *idem.Guard) {
+			claim(b, s, g, "replay", fp, &answer)
 		}},
-		{store: "fixture", name: "in_progress", key: "busy", status: http.StatusConflict, newStore: func() idem.Store {
-			s := fixture.NewMemStore()
-			s.Put(finished("busy", fp, nil))
-			return s
+		{name: "in_progress", key: "busy", status: http.StatusConflict, prepare: func(b *testing.B, s *idemtest.MemStore, g *idem.Guard) {
+			claim(b, s, g, "busy", fp, nil)
 		}},
-		{store: "fixture", name: "key_reused", key: "reused", status: http.StatusUnprocessableEntity, newStore: func() idem.Store {
-			s := fixture.NewMemStore()
-			s.Put(finished("reused", other, &stored))
-			return s
+		{name: "key_reused", key: "reused", status: http.StatusUnprocessableEntity, prepare: func(b *testing.B, s *idemtest.MemStore, g *idem.Guard) {
+			claim(b, s, g, "reused", other, &answer)
 		}},
-		{store: "null", name: "missing_key", key: "", status: http.StatusBadRequest, newStore: null},
+		{name: "missing_key", status: http.StatusBadRequest},
 	}
 	for _, c := range cases {
-		b.Run("strategy=table/store="+c.store+"/path="+c.name, func(b *testing.B) {
-			g, err := idem.New(c.newStore(), &idem.Config{Logger: discard})
+		b.Run("strategy=table/store=idemtest/path="+c.name, func(b *testing.B) {
+			store := idemtest.NewMemStore(nil)
+			g, err := idem.New(store, &idem.Config{Logger: discard})
 			if err != nil {
 				b.Fatal(err)
+			}
+			if c.prepare != nil {
+				c.prepare(b, store, g)
 			}
 			h := http.Handler(handler)
 			if !c.bare {
@@ -304,7 +303,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			req.RequestURI = "/orders"
 			req.ContentLength = int64(len(body))
 			keyValue := []string{c.key}
-			if c.key != "" || c.distinctKeys {
+			if c.key != "" || c.distinct {
 				req.Header[http.CanonicalHeaderKey(idem.HeaderKey)] = keyValue
 			}
 			var keyBuf []byte
@@ -312,7 +311,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			b.ReportAllocs()
 			i := int64(0)
 			for b.Loop() {
-				if c.distinctKeys {
+				if c.distinct {
 					keyBuf = strconv.AppendInt(keyBuf[:0], i, 36)
 					keyValue[0] = string(keyBuf)
 					i++
@@ -326,166 +325,4 @@ func BenchmarkMiddleware(b *testing.B) {
 			}
 		})
 	}
-}
-
-// Flags of BenchmarkThroughput, after the package on the go test command
-// line (go test passes them to the test binary).
-var (
-	throughputRounds = flag.Int("throughput-rounds", 10, "BenchmarkThroughput: ABBA rounds per strategy and concurrency (at least 5)")
-	throughputRun    = flag.Duration("throughput-run", time.Second, "BenchmarkThroughput: how long each implementation runs per round")
-)
-
-// BenchmarkThroughput compares, closed loop, the first executions (no
-// handler latency) per second of conc concurrent callers through the guard,
-// the ceiling (the guard's own statements and commands issued directly with
-// pgx and go-redis) and the minimal target (the least SQL that does the job,
-// on a minimal table), and reports the ratios guard / ceiling (the guard's Go
-// overhead) and ceiling / minimal (the store's SQL and schema against the
-// bare job). The targets are both ratios >= 0.9 at 8 and 32 callers.
-//
-// A single pair of runs is not a measurement on a machine shared with the
-// servers: each strategy and concurrency runs -throughput-rounds rounds
-// (default 10: a single round lands anywhere from 0.7 to 1.1 on a 2-core
-// machine, and the median of 6 moved by 0.03 between runs) of the three
-// implementations, each for -throughput-run
-// (default 1s) on a freshly truncated table, in ABBA order: minimal, ceiling,
-// guard in even rounds and guard, ceiling, minimal in odd ones, so that the
-// ceiling is run right beside each of the others, before it as often as
-// after it, and a drift during the benchmark hits both sides of a ratio
-// alike. Each round gives one ratio of each kind; the benchmark reports
-// their median and their spread (min and max), the median ops/s of each
-// implementation, and its allocations per operation (the whole process,
-// load driver included). b.N is ignored: one invocation is the whole
-// measurement, so run it once per -count:
-//
-//	go test -run '^$' -bench Throughput -benchtime 1x ./bench
-//	go test -run '^$' -bench Throughput -benchtime 1x ./bench -throughput-rounds 20 -throughput-run 2s
-//
-// The per-round figures are logged (printed under the benchmark's line).
-func BenchmarkThroughput(b *testing.B) {
-	impls := []string{target.Minimal, target.Ceiling, target.Guard}
-	for _, strategy := range []string{target.Table, target.Hybrid} {
-		for _, conc := range []int{8, 32} {
-			b.Run("strategy="+strategy+"/conc="+strconv.Itoa(conc), func(b *testing.B) {
-				rounds, runFor := *throughputRounds, *throughputRun
-				if rounds < 5 || runFor <= 0 {
-					b.Fatalf("-throughput-rounds %d must be at least 5 and -throughput-run %v positive", rounds, runFor)
-				}
-				pool := testdb.Pool(b) // skips (or fails under CI) without PostgreSQL
-				pool.Close()
-				testredis.Client(b)
-				ctx := b.Context()
-				env, err := target.Open(ctx, target.Config{
-					DatabaseURL: testdb.URL(), RedisAddr: testredis.Addr(), PoolSize: conc, RedisPoolSize: conc,
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = env.Close(context.Background()) })
-				targets := make([]target.Target, len(impls))
-				for i, impl := range impls {
-					if targets[i], err = target.New(env, strategy, impl, 0); err != nil {
-						b.Fatal(err)
-					}
-				}
-				var seq atomic.Int64 // keys stay unique across runs: Redis keeps the leases
-				run := func(t target.Target, d time.Duration) (opsPerSec, allocsPerOp float64) {
-					if err := env.Truncate(ctx, t.Table()); err != nil {
-						b.Fatal(err)
-					}
-					n, mallocs, elapsed, err := closedLoop(ctx, t, conc, d, &seq)
-					if err != nil {
-						b.Fatal(err)
-					}
-					return float64(n) / elapsed.Seconds(), float64(mallocs) / float64(max(n, 1))
-				}
-				for _, t := range targets { // dial the pools, load the scripts
-					run(t, runFor/4)
-				}
-				ops := make([][]float64, len(impls))
-				allocs := make([][]float64, len(impls))
-				for round := range rounds {
-					order := []int{0, 1, 2}
-					if round%2 == 1 {
-						slices.Reverse(order)
-					}
-					for _, i := range order {
-						o, a := run(targets[i], runFor)
-						ops[i], allocs[i] = append(ops[i], o), append(allocs[i], a)
-					}
-				}
-				minimal, ceiling, guard := ops[0], ops[1], ops[2]
-				gc, cm := make([]float64, rounds), make([]float64, rounds)
-				for r := range rounds {
-					gc[r], cm[r] = guard[r]/ceiling[r], ceiling[r]/minimal[r]
-					b.Logf("round %d: ops/s minimal %.0f, ceiling %.0f, guard %.0f; guard/ceiling %.3f, ceiling/minimal %.3f",
-						r+1, minimal[r], ceiling[r], guard[r], gc[r], cm[r])
-				}
-				b.ReportMetric(0, "ns/op") // one invocation is the whole measurement: time per b.N means nothing
-				for i, impl := range impls {
-					b.ReportMetric(median(ops[i]), impl+"-ops/s")
-					b.ReportMetric(median(allocs[i]), impl+"-allocs/op")
-				}
-				b.ReportMetric(median(gc), "guard/ceiling")
-				b.ReportMetric(slices.Min(gc), "guard/ceiling-min")
-				b.ReportMetric(slices.Max(gc), "guard/ceiling-max")
-				b.ReportMetric(median(cm), "ceiling/minimal")
-				b.ReportMetric(slices.Min(cm), "ceiling/minimal-min")
-				b.ReportMetric(slices.Max(cm), "ceiling/minimal-max")
-			})
-		}
-	}
-}
-
-// closedLoop runs first executions through t from conc callers for d, each
-// calling again as soon as its call returns, and returns how many completed,
-// the heap allocations of the whole process meanwhile, and the time from the
-// start to the last completion.
-func closedLoop(ctx context.Context, t target.Target, conc int, d time.Duration, seq *atomic.Int64) (n, mallocs int64, elapsed time.Duration, err error) {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	mallocs0 := ms.Mallocs
-	var (
-		done    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-	)
-	start := time.Now()
-	deadline := start.Add(d)
-	for range conc {
-		wg.Go(func() {
-			for time.Now().Before(deadline) {
-				k := seq.Add(1)
-				key := "t" + strconv.FormatInt(k, 36)
-				req := idem.Request{Scope: "user-" + strconv.FormatInt(k%1000, 10), Key: key,
-					Fingerprint: sha256.Sum256([]byte(key))}
-				out, e := t.Do(ctx, req)
-				if e == nil && out != idem.OutcomeExecuted.String() {
-					e = fmt.Errorf("outcome %s, want executed", out)
-				}
-				if e != nil {
-					errOnce.Do(func() { err = e })
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	elapsed = time.Since(start)
-	runtime.ReadMemStats(&ms)
-	return done.Load(), int64(ms.Mallocs - mallocs0), elapsed, err
-}
-
-// median returns the median of xs (the mean of the two middle values for an
-// even count), without changing xs.
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -7,43 +7,44 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemguard/idem/bench/internal/report"
+	"github.com/idemguard/idem/bench/internal/delayproxy"
+	"github.com/idemguard/idem/bench/internal/fleet"
+	"github.com/idemguard/idem/internal/heavy"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 )
 
-func TestOfferedRates(t *testing.T) {
-	r, err := offeredRates("", 500, 2, 8000)
-	require.NoError(t, err)
-	require.Equal(t, []float64{500, 1000, 2000, 4000, 8000}, r)
-	r, err = offeredRates("", 1000, 1.5, 3000)
-	require.NoError(t, err)
-	require.Equal(t, []float64{1000, 1500, 2250}, r)
-	r, err = offeredRates("100, 250,1e3", 0, 0, 0)
-	require.NoError(t, err)
-	require.Equal(t, []float64{100, 250, 1000}, r)
-	for _, bad := range []string{"x", "0", "-5", "200,100", "100,100"} {
-		_, err := offeredRates(bad, 0, 0, 0)
-		require.Error(t, err, bad)
+// TestMain lets the test binary serve as the bench's child processes, as the
+// bench binary does: bench http re-runs the running executable as its
+// workers, and both commands as their delay proxy.
+func TestMain(m *testing.M) {
+	if fleet.IsWorker() {
+		os.Exit(fleet.Serve(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
-	_, err = offeredRates("", 500, 1, 8000)
-	require.Error(t, err)
+	if len(os.Args) > 1 && os.Args[1] == "delayproxy" {
+		os.Exit(delayproxy.Command(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
 }
 
-func TestFlags(t *testing.T) {
+func TestUsage(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.Equal(t, 2, run(t.Context(), []string{"-nope"}, &out, &errOut))
-	require.Equal(t, 2, run(t.Context(), []string{"-rates", "2,1"}, &out, &errOut))
-	require.Contains(t, errOut.String(), "ascending")
-	errOut.Reset()
+	require.Equal(t, 2, run(t.Context(), nil, &out, &errOut))
+	require.Contains(t, errOut.String(), "crossover")
+	require.Equal(t, 2, run(t.Context(), []string{"ladder"}, &out, &errOut))
+	require.Contains(t, errOut.String(), `unknown command "ladder"`)
 	require.Equal(t, 0, run(t.Context(), []string{"-h"}, &out, &errOut))
-	require.Contains(t, errOut.String(), "-max-inflight")
+	require.Contains(t, out.String(), "http")
+	for _, cmd := range []string{"crossover", "http"} {
+		errOut.Reset()
+		require.Equal(t, 0, run(t.Context(), []string{cmd, "-h"}, &out, &errOut), cmd)
+		require.Contains(t, errOut.String(), "-database-url", cmd)
+		require.Equal(t, 2, run(t.Context(), []string{cmd, "-nope"}, &out, &errOut), cmd)
+	}
 }
 
 // servers skips the test without PostgreSQL and Redis (fails it under CI=true).
@@ -54,94 +55,116 @@ func servers(t *testing.T) []string {
 	return []string{"-database-url", testdb.URL(), "-redis-addr", testredis.Addr()}
 }
 
-// TestSmoke runs the real tool for a couple of seconds against the servers.
-func TestSmoke(t *testing.T) {
-	args := servers(t)
-	dir := filepath.Join(t.TempDir(), "report")
-	var out, errOut bytes.Buffer
-	code := run(t.Context(), append(args,
-		"-step", "200ms", "-drain", "5s", "-warmup", "0", "-rates", "100,200",
-		"-scenarios", "unique,storm", "-work", "1ms", "-noise-runs", "2", "-out", dir), &out, &errOut)
-	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
-
-	for _, want := range []string{"scenario strategy", "unique   table    guard", "storm    hybrid   ceiling",
-		"storm    hybrid   minimal", "repeat 2: ", "summary", "noise: ", "answer: unique"} {
-		require.Contains(t, out.String(), want)
-	}
-	f, err := os.Open(filepath.Join(dir, "results.csv"))
+// readCSV returns the rows of a report's CSV file, each as a map from the
+// header's names.
+func readCSV(t *testing.T, path string) []map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	recs, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
-	// 2 scenarios x 2 strategies x {guard, ceiling, minimal} at the first
-	// rate at least (a loaded CI machine may saturate at the second), and 2
-	// repeats of the 6 targets.
-	require.GreaterOrEqual(t, len(recs)-1, 12+12)
-	repeats := 0
+	require.NotEmpty(t, recs)
+	var rows []map[string]string
 	for _, rec := range recs[1:] {
-		if rec[len(rec)-2] != "" {
-			repeats++
+		row := map[string]string{}
+		for i, name := range recs[0] {
+			row[name] = rec[i]
 		}
-		require.NotEqual(t, "0.0", rec[6], "achieved: %v", rec)
-		if rec[0] == "unique" && rec[3] == "table" {
-			// Claim and complete: at most 2 statements, fewer when the
-			// store's group commit shares them between concurrent requests,
-			// which a loaded machine makes more likely.
-			n, err := strconv.ParseFloat(rec[21], 64)
-			require.NoError(t, err, "statements per first execution: %v", rec)
-			require.True(t, n > 0 && n <= 2, "statements per first execution: %v", rec)
-		}
+		rows = append(rows, row)
 	}
-	require.Equal(t, 12, repeats)
-	for _, name := range []string{"report.md", "p99.png", "throughput.png"} {
+	return rows
+}
+
+func atoi(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+func requireFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	for _, name := range names {
 		st, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
-		require.Positive(t, st.Size())
-	}
-	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
-	require.NoError(t, err)
-	for _, setting := range []string{"postgres_autovacuum", "postgres_synchronous_commit", "postgres_fsync", "postgres_shared_buffers"} {
-		require.Contains(t, string(md), "- "+setting+": ", "the server settings behind the figures")
+		require.Positive(t, st.Size(), name)
 	}
 }
 
-// cancelAfterRows is run's stdout: it cancels once rows step lines have been
-// written after the header, the way Ctrl-C lands in the middle of a run.
-type cancelAfterRows struct {
-	bytes.Buffer
-	rows   int
-	cancel context.CancelFunc
-	done   bool
-}
-
-func (w *cancelAfterRows) Write(p []byte) (int, error) {
-	n, err := w.Buffer.Write(p)
-	if s := w.String(); !w.done {
-		if i := strings.Index(s, report.Header()); i >= 0 && strings.Count(s[i:], "\n") > w.rows {
-			w.done = true
-			w.cancel()
-		}
-	}
-	return n, err
-}
-
-// TestInterrupted: Ctrl-C (a cancelled context) in the middle of a run still
-// writes the report of what ran. The context is cancelled once the first
-// step has been reported, not after a fixed time, so that a slow machine
-// (setup alone can take a second under load) cannot cancel before anything
-// ran.
-func TestInterrupted(t *testing.T) {
+// TestCrossoverSmoke runs bench crossover for a few seconds against the
+// servers, over loopback and through the delay proxy: every request is
+// answered with one of the guard's decisions, never a reused key (a retry
+// sends its intent's body), and the report holds the verdicts, the 1-caller
+// row and every run.
+func TestCrossoverSmoke(t *testing.T) {
 	args := servers(t)
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a safety net only
-	defer cancel()
-	out := &cancelAfterRows{rows: 1, cancel: cancel}
-	var errOut bytes.Buffer
-	code := run(ctx, append(args, "-step", "400ms", "-warmup", "0", "-rates", "100,200,400,800",
-		"-strategies", "table", "-scenarios", "unique", "-out", dir), out, &errOut)
-	require.Equal(t, 130, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
-	require.Contains(t, out.String(), "INTERRUPTED")
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), append([]string{"crossover"}, append(args, "-shares", "0,0.5", "-distances", "0,500us",
+		"-rounds", "1", "-run", "300ms", "-callers", "4", "-work", "1ms", "-out", dir)...), &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	for _, want := range []string{"verdict: over loopback: ", "verdict: at +500µs round trip: ", "first executions' p50 at 1 caller"} {
+		require.Contains(t, out.String(), want)
+	}
+	requireFiles(t, dir, "report.md", "crossover.csv", "crossover.png")
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
-	require.True(t, strings.Contains(string(md), "**Interrupted**"))
+	require.Contains(t, string(md), "## Verdict")
+	require.Contains(t, string(md), "| first execution p50, 1 caller | table ")
+	require.Contains(t, string(md), "postgres_synchronous_commit=", "the server settings behind the figures")
+
+	rows := readCSV(t, filepath.Join(dir, "crossover.csv"))
+	require.Len(t, rows, 2*3*2, "2 distances x (2 shares and the 1-caller run) x 2 strategies")
+	for _, r := range rows {
+		requests := atoi(t, r["requests"])
+		require.Positive(t, requests, r)
+		require.Zero(t, atoi(t, r["errors"]), r)
+		require.Zero(t, atoi(t, r["key_reused"]), r)
+		require.Equal(t, requests, atoi(t, r["executed"])+atoi(t, r["replayed"])+atoi(t, r["in_progress"]), r)
+		require.Positive(t, atoi(t, r["p50_us"]), r)
+		require.GreaterOrEqual(t, atoi(t, r["p99_us"]), atoi(t, r["p50_us"]), r)
+		if r["retry_share"] == "0.00" {
+			require.Equal(t, requests, atoi(t, r["executed"]), "new keys only: %v", r)
+		}
+		if r["distance_us"] != "0" {
+			require.GreaterOrEqual(t, atoi(t, r["measured_rtt_us"]), int64(500), "through the proxy: %v", r)
+		}
+	}
+}
+
+// TestHTTPSmoke runs bench http for a few seconds against the servers: each
+// implementation in its worker process answers every request, first
+// executions as executed and replays as replayed, and the report compares
+// them.
+func TestHTTPSmoke(t *testing.T) {
+	heavy.Gate(t) // worker processes
+	args := servers(t)
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), append([]string{"http"}, append(args, "-strategies", "hybrid", "-callers", "2",
+		"-rounds", "2", "-run", "200ms", "-replay-keys", "20", "-out", dir)...), &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	requireFiles(t, dir, "report.md", "runs.csv")
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+	for _, want := range []string{"| hybrid | unique | 2 |", "| hybrid | replay | 2 |", "guard ÷ minimal", "guard ÷ guard-unshared",
+		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per first execution", "Errors over all runs: 0."} {
+		require.Contains(t, string(md), want)
+	}
+	rows := readCSV(t, filepath.Join(dir, "runs.csv"))
+	require.Len(t, rows, 2*2*4, "2 rounds x 2 scenarios x 4 implementations")
+	impls := map[string]bool{}
+	for _, r := range rows {
+		impls[r["impl"]] = true
+		requests := atoi(t, r["requests"])
+		require.Positive(t, requests, r)
+		require.Zero(t, atoi(t, r["errors"]), r)
+		if r["scenario"] == "unique" {
+			require.Equal(t, requests, atoi(t, r["executed"]), r)
+		} else {
+			require.Zero(t, atoi(t, r["executed"]), r)
+		}
+	}
+	require.Len(t, impls, 4)
 }

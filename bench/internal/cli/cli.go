@@ -4,8 +4,24 @@ package cli
 
 import (
 	"flag"
+	"os"
 	"strings"
 )
+
+// ServerFlags defines the -database-url and -redis-addr flags of fs, which
+// default to $DATABASE_URL and $REDIS_ADDR, else the local servers.
+func ServerFlags(fs *flag.FlagSet) (dbURL, redisAddr *string) {
+	env := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	dbURL = fs.String("database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		"PostgreSQL URL (default $DATABASE_URL, else the local default)")
+	redisAddr = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
+	return dbURL, redisAddr
+}
 
 // Split returns the non-empty, trimmed fields of a comma-separated flag.
 func Split(s string) []string {

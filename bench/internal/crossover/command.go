@@ -13,8 +13,6 @@ import (
 	"github.com/idemguard/idem/bench/internal/cli"
 )
 
-const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-
 // Command is `go run ./bench crossover [flags]`: it parses args, runs the
 // sweep, prints the summary, writes the report and returns the exit status
 // (130 when interrupted).
@@ -28,15 +26,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"a first execution's p50 at 1 caller.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	env := func(name, def string) string {
-		if v := os.Getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	dbURL, redisAddr := cli.ServerFlags(fs)
 	var (
-		dbURL     = fs.String("database-url", env("DATABASE_URL", defaultDatabaseURL), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
-		redisAddr = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
 		shares    = fs.String("shares", "0,0.01,0.05,0.2,0.5,0.8,0.95", "retry shares, comma-separated, each in [0, 1)")
 		distances = fs.String("distances", "0,500us,2ms", "round-trip times added to PostgreSQL's (0: loopback, no proxy)")
 		rounds    = fs.Int("rounds", 3, "rounds of every share and distance")

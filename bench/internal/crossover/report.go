@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,13 +12,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemguard/idem/bench/internal/report"
 	"github.com/idemguard/idem/bench/internal/target"
 )
 
 // Pays is the hybrid ÷ table ratio (median of the rounds) from which the
-// lock is said to pay: 5% more saturated throughput, the same rule as the
-// open-loop bench's answer.
+// lock is said to pay: 5% more saturated throughput.
 const Pays = 1.05
 
 // Point is one strategy at one distance and share, over the rounds.
@@ -290,6 +289,16 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// quantile returns the value at quantile q (0.99 for p99) of sorted: the
+// smallest value that at least q of the values do not exceed; 0 for none.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
 func distLabel(d time.Duration) string {
 	if d == 0 {
 		return "loopback"
@@ -353,20 +362,20 @@ func (r *Result) Write(dir, command string) error {
 	if err := r.writeCSV(filepath.Join(dir, CSVFile)); err != nil {
 		return err
 	}
-	var lines []report.CrossoverLine
+	var lines []line
 	for _, d := range r.Config.Distances {
-		l := report.CrossoverLine{Label: distLabel(d)}
+		l := line{label: distLabel(d)}
 		for _, x := range r.Ratios() {
 			if x.Distance == d {
-				l.Share = append(l.Share, x.Share)
-				l.Ratio = append(l.Ratio, x.Median)
-				l.Low = append(l.Low, x.Low)
-				l.High = append(l.High, x.High)
+				l.share = append(l.share, x.Share)
+				l.ratio = append(l.ratio, x.Median)
+				l.low = append(l.low, x.Low)
+				l.high = append(l.high, x.High)
 			}
 		}
 		lines = append(lines, l)
 	}
-	if err := report.PlotCrossover(filepath.Join(dir, PNGFile), lines); err != nil {
+	if err := plotRatios(filepath.Join(dir, PNGFile), lines); err != nil {
 		return err
 	}
 	var b strings.Builder

@@ -130,3 +130,16 @@ func TestStalledRounds(t *testing.T) {
 	require.Contains(t, string(md), "## Stalled rounds")
 	require.Contains(t, string(md), "- loopback, 50% retries, hybrid, round 1: 0.60 cores busy")
 }
+
+func TestQuantile(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 1000; i++ {
+		ds = append(ds, time.Duration(i)*time.Microsecond)
+	}
+	require.Equal(t, 500*time.Microsecond, quantile(ds, 0.5))
+	require.Equal(t, 990*time.Microsecond, quantile(ds, 0.99))
+	require.Equal(t, 1000*time.Microsecond, quantile(ds, 1))
+	require.Equal(t, time.Microsecond, quantile(ds, 0))
+	require.Equal(t, 7*time.Millisecond, quantile([]time.Duration{7 * time.Millisecond}, 0.99))
+	require.Zero(t, quantile(nil, 0.5))
+}

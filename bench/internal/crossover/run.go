@@ -19,8 +19,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,7 +28,6 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/bench/internal/delayproxy"
 	"github.com/idemguard/idem/bench/internal/fleet"
-	"github.com/idemguard/idem/bench/internal/load"
 	"github.com/idemguard/idem/bench/internal/target"
 )
 
@@ -151,20 +148,11 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 	dbURL := cfg.DatabaseURL
 	var proxy *delayproxy.Process
 	if d > 0 {
-		u, err := url.Parse(cfg.DatabaseURL)
-		if err != nil {
-			return fmt.Errorf("database URL: %w", err)
-		}
-		host := u.Host
-		if _, _, err := net.SplitHostPort(host); err != nil {
-			host = net.JoinHostPort(host, "5432")
-		}
-		if proxy, err = delayproxy.Start(ctx, cfg.Binary, host, d); err != nil {
+		var err error
+		if proxy, dbURL, err = delayproxy.Between(ctx, cfg.Binary, cfg.DatabaseURL, d); err != nil {
 			return err
 		}
 		defer proxy.Close()
-		u.Host = proxy.Addr()
-		dbURL = u.String()
 	}
 	env, err := target.Open(ctx, target.Config{
 		DatabaseURL: dbURL, RedisAddr: cfg.RedisAddr, PoolSize: cfg.PoolSize, RedisPoolSize: cfg.RedisPoolSize,
@@ -184,12 +172,12 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 	}
 	meter := fleet.NewMeter(cfg.RedisAddr, env.Pool, env.Schema)
 	defer meter.Close()
-	targets, lone := map[string]target.Target{}, map[string]target.Target{}
+	targets, lone := map[string]*target.Guard{}, map[string]*target.Guard{}
 	for _, s := range []string{target.Table, target.Hybrid} {
-		if targets[s], err = target.New(env, s, target.Guard, cfg.Work); err != nil {
+		if targets[s], err = target.NewGuardTarget(env, s, cfg.Work); err != nil {
 			return err
 		}
-		if lone[s], err = target.New(env, s, target.Guard, 0); err != nil { // the guard's own latency
+		if lone[s], err = target.NewGuardTarget(env, s, 0); err != nil { // the guard's own latency
 			return err
 		}
 		// Dial the pools, load the scripts.
@@ -263,9 +251,9 @@ func measureRTT(ctx context.Context, env *target.Env) (time.Duration, error) {
 // probability share, a retry of one of the cfg.Recent latest intents (same
 // key, same fingerprint), and otherwise a new intent.
 func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, proxy *delayproxy.Process,
-	t target.Target, share float64, callers int, d time.Duration, seq *atomic.Int64) (Cell, error) {
+	t *target.Guard, share float64, callers int, d time.Duration, seq *atomic.Int64) (Cell, error) {
 	var c Cell
-	if err := env.Truncate(ctx, t.Table()); err != nil {
+	if err := env.Truncate(ctx, target.GuardTable); err != nil {
 		return c, err
 	}
 	recent := make([]int64, max(cfg.Recent, 1))
@@ -273,11 +261,11 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 		recentMu sync.Mutex
 		recentN  int
 	)
-	hist := load.NewHistogram()
 	var (
 		requests, errs atomic.Int64
 		outMu          sync.Mutex
 		firstErr       error
+		latencies      []time.Duration
 	)
 	outcomes := map[string]int64{}
 	stmt0, cmd0 := env.PGStatements.Count(), env.RedisCmds.Count()
@@ -290,6 +278,7 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			local := map[string]int64{}
+			var lat []time.Duration
 			for ctx.Err() == nil && time.Now().Before(deadline) {
 				var k int64
 				recentMu.Lock()
@@ -309,7 +298,7 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 					Fingerprint: sha256.Sum256([]byte(key))}
 				t0 := time.Now()
 				out, err := t.Do(ctx, req)
-				hist.Record(time.Since(t0))
+				lat = append(lat, time.Since(t0))
 				requests.Add(1)
 				if err != nil {
 					errs.Add(1)
@@ -326,6 +315,7 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 			for k, v := range local {
 				outcomes[k] += v
 			}
+			latencies = append(latencies, lat...)
 			outMu.Unlock()
 		})
 	}
@@ -339,7 +329,8 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 	c.MachineCores = u.Machine
 	c.ProxyCPU = proxyCPU(proxy) - proxy0
 	c.Requests, c.Errors = requests.Load(), errs.Load()
-	c.P50, c.P99 = hist.Quantile(0.5), hist.Quantile(0.99)
+	slices.Sort(latencies)
+	c.P50, c.P99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
 	c.Outcomes = outcomes
 	c.PGStatements = env.PGStatements.Count() - stmt0
 	c.RedisCommands = env.RedisCmds.Count() - cmd0

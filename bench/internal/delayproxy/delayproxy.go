@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -228,8 +229,24 @@ func Start(ctx context.Context, binary, target string, rtt time.Duration) (*Proc
 	}
 }
 
-// Addr is the address clients connect to.
-func (p *Process) Addr() string { return p.addr }
+// Between starts a proxy child (Start) in front of the PostgreSQL server of
+// dbURL and returns it with the URL that reaches the server through it.
+func Between(ctx context.Context, binary, dbURL string, rtt time.Duration) (*Process, string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("delayproxy: database URL: %w", err)
+	}
+	host := u.Host
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		host = net.JoinHostPort(host, "5432")
+	}
+	p, err := Start(ctx, binary, host, rtt)
+	if err != nil {
+		return nil, "", err
+	}
+	u.Host = p.addr
+	return p, u.String(), nil
+}
 
 // PID is the child's process id, for its CPU.
 func (p *Process) PID() int { return p.cmd.Process.Pid }

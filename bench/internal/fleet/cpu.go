@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,13 +13,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Usage is the CPU each part of the system used during a step, in cores
-// (CPU seconds per second of the step): 1.0 is one core busy all along.
+// Usage is the CPU each part of the system used between two readings, in
+// cores (CPU seconds per second): 1.0 is one core busy all along.
 // It is read from Linux's /proc and Redis' INFO cpu; elsewhere only Redis'
 // figure is known (Known false).
 type Usage struct {
-	// Driver is the bench process: the open-loop driver and its HTTP
-	// client.
+	// Driver is the bench process: the load driver and, in the crossover,
+	// the guard.
 	Driver float64
 	// Workers is the sum over the worker processes.
 	Workers float64
@@ -28,17 +27,11 @@ type Usage struct {
 	// fleet: the backends of the workers' connections and the server's
 	// background processes (WAL writer, checkpointer, background writer,
 	// autovacuum), as listed by pg_stat_activity and read from /proc. The
-	// backends of other clients of the same server are left out (they
-	// count in Other).
+	// backends of other clients of the same server are left out.
 	Postgres float64
 	// Redis is the Redis server's own figure (INFO cpu: used_cpu_user +
 	// used_cpu_sys), whichever machine it runs on.
 	Redis float64
-	// Programs is every other process visible in /proc that ran through
-	// the step (other programs, other clients' PostgreSQL backends);
-	// Interrupts is the kernel's interrupt and softirq time (loopback
-	// networking among it), which no process is charged with.
-	Programs, Interrupts float64
 	// Machine is every CPU of the machine busy (not idle, not waiting for
 	// I/O), from /proc/stat; Cores is how many there are.
 	Machine float64
@@ -76,8 +69,6 @@ type Reading struct {
 	self             float64         // seconds
 	workers          map[int]float64 // by pid, seconds
 	postgres         map[int]float64 // by pid, seconds
-	programs         map[int]float64 // every other process, by pid, seconds
-	irq              float64         // /proc/stat irq + softirq ticks
 	redis            float64         // seconds
 	busy, total      float64         // /proc/stat ticks, all CPUs
 	known, redisRead bool
@@ -87,9 +78,10 @@ type Reading struct {
 func (r Reading) At() time.Time { return r.at }
 
 // Read takes a snapshot of the CPU time used so far by this process, the
-// workers of f, every postgres process, Redis and the machine.
+// workers of f, the postgres processes that serve them, Redis and the
+// machine.
 func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
-	r := Reading{at: time.Now(), workers: map[int]float64{}, postgres: map[int]float64{}, programs: map[int]float64{}}
+	r := Reading{at: time.Now(), workers: map[int]float64{}, postgres: map[int]float64{}}
 	if secs, err := RedisCPU(ctx, m.redis); err == nil {
 		r.redis, r.redisRead = secs, true
 	}
@@ -118,23 +110,7 @@ func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
 			}
 		}
 	}
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(filepath.Base(d))
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if _, ok := r.workers[pid]; ok {
-			continue
-		}
-		if _, ok := r.postgres[pid]; ok {
-			continue
-		}
-		if s, err := procCPU(pid); err == nil {
-			r.programs[pid] = s
-		}
-	}
-	r.busy, r.total, r.irq, err = machineCPU()
+	r.busy, r.total, err = machineCPU()
 	r.known = err == nil
 	return r
 }
@@ -157,11 +133,8 @@ func Between(before, after Reading) Usage {
 	u.Driver = (after.self - before.self) / secs
 	u.Workers = sumDelta(before.workers, after.workers) / secs
 	u.Postgres = sumDelta(before.postgres, after.postgres) / secs
-	// Redis' own process is among the programs: its figure comes from INFO.
-	u.Programs = max(0, sumDelta(before.programs, after.programs)/secs-u.Redis)
 	if dt := after.total - before.total; dt > 0 {
 		u.Machine = float64(u.Cores) * (after.busy - before.busy) / dt
-		u.Interrupts = float64(u.Cores) * (after.irq - before.irq) / dt
 	}
 	return u
 }
@@ -200,35 +173,32 @@ func procCPU(pid int) (float64, error) {
 	return (utime + stime) / clockTick, nil
 }
 
-// machineCPU returns the busy, total and interrupt (irq + softirq) ticks of
-// all CPUs from /proc/stat: busy is everything but idle and iowait (steal counts as busy: the
+// machineCPU returns the busy and total ticks of all CPUs from /proc/stat:
+// busy is everything but idle and iowait (steal counts as busy: the
 // hypervisor gave that time to another machine).
-func machineCPU() (busy, total, irq float64, err error) {
+func machineCPU() (busy, total float64, err error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, err
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
 	if len(f) < 5 || f[0] != "cpu" {
-		return 0, 0, 0, strconv.ErrSyntax
+		return 0, 0, strconv.ErrSyntax
 	}
 	// user nice system idle iowait irq softirq steal (guest time is
 	// already in user).
 	for i, v := range f[1:min(len(f), 9)] {
 		x, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, err
 		}
 		total += x
-		if i == 5 || i == 6 {
-			irq += x
-		}
 		if i != 3 && i != 4 {
 			busy += x
 		}
 	}
-	return busy, total, irq, nil
+	return busy, total, nil
 }
 
 // RedisCPU returns the CPU seconds, user and system, that the Redis server

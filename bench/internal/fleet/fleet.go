@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/bench/internal/load"
 )
 
 // Config is what every worker of a fleet is started with.
@@ -31,11 +29,10 @@ type Config struct {
 	// Redis key prefix the workers share.
 	Schema, Prefix string
 	Strategy       string // target.Table or target.Hybrid
-	// Impl is what serves the requests: "guard" (the default: the guard's
-	// middleware) or "minimal" (target.MinimalHandler). Only a non-default
-	// value is passed on, so Binary may be a bench built before the flag
-	// existed.
-	Impl string
+	// Minimal makes the workers serve the minimal SQL
+	// (target.MinimalHandler) instead of the guard's middleware; passed on
+	// only when set, so Binary may be a bench built before the flag existed.
+	Minimal bool
 	// AsyncAnswers makes the guard's store return answer writes before
 	// their flush (durable.Config.AsynchronousAnswers); passed on only when
 	// set.
@@ -48,7 +45,7 @@ type Config struct {
 	PoolSize, RedisPoolSize int
 	Work                    time.Duration // the handler's simulated latency
 	// MaxInFlight sizes the HTTP client's keep-alive connections per
-	// worker: the load driver's most requests in flight.
+	// worker: the most requests in flight.
 	MaxInFlight int
 	// StartTimeout bounds how long a worker may take to listen. Defaults
 	// to 30s.
@@ -118,8 +115,8 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 		"-redis-addr", cfg.RedisAddr, "-pool-size", strconv.Itoa(cfg.PoolSize),
 		"-redis-pool-size", strconv.Itoa(cfg.RedisPoolSize), "-work", cfg.Work.String(),
 	}
-	if cfg.Impl != "" && cfg.Impl != "guard" {
-		args = append(args, "-impl", cfg.Impl)
+	if cfg.Minimal {
+		args = append(args, "-impl", "minimal")
 	}
 	if cfg.AsyncAnswers {
 		args = append(args, "-async-answers")
@@ -174,7 +171,7 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 }
 
 // PIDs returns the workers' process ids (none for a nil Fleet, which
-// Meter.Read accepts when the targets run in process).
+// Meter.Read accepts when the guard runs in process).
 func (f *Fleet) PIDs() []int {
 	if f == nil {
 		return nil
@@ -185,9 +182,6 @@ func (f *Fleet) PIDs() []int {
 	}
 	return out
 }
-
-// Len returns the number of workers.
-func (f *Fleet) Len() int { return len(f.workers) }
 
 // Close stops every worker: it closes their stdin, which makes them shut
 // down, and kills those still running 3 seconds later. It returns once
@@ -222,27 +216,9 @@ func (f *Fleet) Close() error {
 	return f.closeErr
 }
 
-// Outcome names of answers that are not the guard's decisions.
+// outcomeError is the outcome of an answer that is none of the guard's
+// decisions.
 const outcomeError = "error"
-
-// Op returns the load operation of a step with pattern p: arrival i carries
-// copy c of intent n (p.At(i)), with the idempotency key
-// s<stepNo>-<n in base 36>, the scope user-<n mod 1000> and a body naming
-// the key (so every copy of an intent has the same fingerprint), and is
-// sent to worker (n + c) mod N: new intents go round-robin, and each retry
-// of an intent to the next worker, so the copies of a storm race across
-// processes. The outcome is read from the answer: 201 executed (replayed
-// with Idempotent-Replayed), 409 in_progress, 422 key_reused; anything
-// else is an error.
-func (f *Fleet) Op(p load.Pattern, stepNo int) load.Op {
-	prefix := "s" + strconv.Itoa(stepNo) + "-"
-	n := uint64(len(f.workers))
-	return func(ctx context.Context, i int64) (string, error) {
-		a := p.At(i)
-		return f.Post(ctx, int((uint64(a.Intent)+uint64(a.Copy))%n), prefix+strconv.FormatInt(a.Intent, 36),
-			"user-"+strconv.FormatInt(a.Intent%1000, 10))
-	}
-}
 
 // Post sends POST /orders to worker i with the idempotency key key, the
 // scope scope and a body naming the key (so every copy of an intent has the
@@ -282,27 +258,27 @@ func (f *Fleet) Post(ctx context.Context, i int, key, scope string) (string, err
 	return outcomeError, fmt.Errorf("worker %d: status %d: %s", w.cmd.Process.Pid, resp.StatusCode, bytes.TrimSpace(body))
 }
 
-// Collect returns what each worker counted since the previous Collect (or
-// since it started), in worker order, and resets the counts. Call it when
-// no request is in flight.
-func (f *Fleet) Collect(ctx context.Context) ([]Stats, error) {
-	out := make([]Stats, len(f.workers))
-	for i, w := range f.workers {
+// FlushStats makes every worker's idle PostgreSQL connections publish their
+// pending statistics (WAL flushes among them) now rather than up to 10 s
+// later, so that server-wide counters read after it include the workers'
+// work. Call it when no request is in flight.
+func (f *Fleet) FlushStats(ctx context.Context) error {
+	for _, w := range f.workers {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"/stats", nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		resp, err := f.client.Do(req)
 		if err != nil {
-			return nil, fmt.Errorf("fleet: stats of worker %d: %w", w.cmd.Process.Pid, err)
+			return fmt.Errorf("fleet: stats of worker %d: %w", w.cmd.Process.Pid, err)
 		}
-		err = json.NewDecoder(resp.Body).Decode(&out[i])
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if err != nil {
-			return nil, fmt.Errorf("fleet: stats of worker %d: %w", w.cmd.Process.Pid, err)
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("fleet: stats of worker %d: status %d", w.cmd.Process.Pid, resp.StatusCode)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // tailWriter keeps the last max bytes written to it. Safe for concurrent

@@ -1,11 +1,14 @@
 // Package httpcmp measures the whole request over HTTP: `go run ./bench
-// http` drives the guard's middleware, the minimal SQL behind the same HTTP
-// path (target.MinimalHandler) and, with -baseline, the guard of an earlier
-// build of the bench, each in a worker process of its own on loopback,
-// closed loop, with first executions (unique keys) and replays, at each
-// caller count, in interleaved rounds whose order alternates (ABBA). It
-// reports the medians of the per-round ratios with their spread, and the
-// disk flushes per first execution (pg_stat_wal.wal_sync, server-wide).
+// http` drives the minimal SQL (target.MinimalHandler), the guard's
+// middleware as it runs by default, the same without shared statements
+// (guard-unshared) and with asynchronous answers (guard-async) and, with
+// -baseline, the guard of another build of the bench, each in a worker
+// process of its own on loopback, closed loop, with first executions
+// (unique keys) and replays, at each caller count, in interleaved rounds
+// whose order alternates (ABBA). It reports the medians of the per-round
+// ratios with their spread, and per first execution the disk flushes
+// (pg_stat_wal.wal_sync, server-wide) and the CPU of PostgreSQL and of the
+// worker.
 //
 // The minimal SQL stands in for the strongest Go peer,
 // github.com/repenguin22/idemlease, which the module proxy does not serve
@@ -20,8 +23,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,15 +129,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"closed loop, interleaved ABBA rounds; and disk flushes per first execution.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	env := func(name, def string) string {
-		if v := os.Getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	dbURL, redisAddr := cli.ServerFlags(fs)
 	var (
-		dbURL      = fs.String("database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL (default $DATABASE_URL, else the local default)")
-		redisAddr  = fs.String("redis-addr", env("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (default $REDIS_ADDR, else the local default)")
 		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies")
 		rounds     = fs.Int("rounds", 6, "ABBA rounds per strategy, caller count and scenario (at least 2)")
@@ -202,21 +196,11 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	}
 	workerURL := cfg.dbURL
 	if cfg.pgDelay > 0 {
-		u, err := url.Parse(cfg.dbURL)
-		if err != nil {
-			return nil, fmt.Errorf("database URL: %w", err)
-		}
-		host := u.Host
-		if _, _, err := net.SplitHostPort(host); err != nil {
-			host = net.JoinHostPort(host, "5432")
-		}
-		proxy, err := delayproxy.Start(ctx, self, host, cfg.pgDelay)
-		if err != nil {
+		var proxy *delayproxy.Process
+		if proxy, workerURL, err = delayproxy.Between(ctx, self, cfg.dbURL, cfg.pgDelay); err != nil {
 			return nil, err
 		}
 		defer proxy.Close()
-		u.Host = proxy.Addr()
-		workerURL = u.String()
 	}
 	var runs []Run
 	var seq atomic.Int64
@@ -234,7 +218,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 					Prefix: env.Prefix, Strategy: strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
 				switch impl {
 				case Minimal:
-					fc.Impl = target.Minimal
+					fc.Minimal = true
 				case GuardAsync:
 					fc.AsyncAnswers = true
 				case GuardUnshared:
@@ -285,7 +269,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 // (POST /stats), gives the WAL writer one cycle (wal_writer_delay, 200ms by
 // default) to publish its own, and reads the server's WAL flush count.
 func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int64, error) {
-	if _, err := f.Collect(ctx); err != nil {
+	if err := f.FlushStats(ctx); err != nil {
 		return 0, err
 	}
 	t := time.NewTimer(250 * time.Millisecond)

@@ -1,10 +1,8 @@
-// Package target sets up what the capacity planner drives: the real
-// idem.Guard under each strategy; the ceiling, the same SQL statements and
-// Redis commands issued directly through pgx and go-redis; and the minimal
-// target, the least SQL that does the same job on the least schema; on a
-// schema and a Redis key prefix of their own. It also reads the server-side counters
-// (pg_stat_user_tables, WAL position, Redis INFO commandstats) that turn a
-// step into writes and commands per request.
+// Package target sets up what the capacity planner drives, on a schema and
+// a Redis key prefix of their own: the real idem.Guard under each strategy
+// (in process, or behind its HTTP middleware in a worker process) and the
+// minimal SQL behind the same HTTP path, the least SQL that does the job on
+// the least schema.
 package target
 
 import (
@@ -13,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -25,12 +22,10 @@ import (
 	"github.com/idemguard/idem/durable"
 )
 
-// Tables of the bench schema: the guard's, the ceiling's (both migrated with
-// durable.Migrate) and the minimal one, so that the per-table statistics of
-// one never include another's writes.
+// Tables of the bench schema: the guard's (migrated with durable.Migrate)
+// and the minimal one.
 const (
 	GuardTable   = "guard_keys"
-	CeilingTable = "ceiling_keys"
 	MinimalTable = "minimal_keys"
 )
 
@@ -56,14 +51,11 @@ type Env struct {
 
 	PGStatements *fixture.CountingDB // every statement the targets run
 	RedisCmds    *fixture.RedisCounter
-
-	forceFlush bool // pg_stat_force_next_flush() exists (PostgreSQL 15+)
 }
 
 // Open connects to both servers, creates a fresh schema idem_bench_<hex>
-// holding the guard's and the ceiling's tables (migrated with
-// durable.Migrate) and the minimal table, and picks a fresh Redis prefix
-// idembench:<hex>:.
+// holding the guard's table (migrated with durable.Migrate) and the minimal
+// table, and picks a fresh Redis prefix idembench:<hex>:.
 func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
@@ -113,16 +105,12 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 			env = nil
 		}
 	}()
-	for _, table := range []string{GuardTable, CeilingTable} {
-		if err := durable.Migrate(ctx, pool, &durable.Config{Schema: env.Schema, Table: table}); err != nil {
-			return env, err
-		}
+	if err := durable.Migrate(ctx, pool, &durable.Config{Schema: env.Schema, Table: GuardTable}); err != nil {
+		return env, err
 	}
 	if err := createMinimalTable(ctx, env); err != nil {
 		return env, err
 	}
-	_, err = pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
-	env.forceFlush = err == nil
 	return env, nil
 }
 
@@ -148,99 +136,11 @@ func (e *Env) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// StatsFlushable reports whether PostgreSQL can flush table statistics on
-// demand (version 15 and later), which makes Snapshot's tuple counts exact.
-func (e *Env) StatsFlushable() bool { return e.forceFlush }
-
-// Truncate empties a bench table, so that every step starts from the same
+// Truncate empties a bench table, so that every run starts from the same
 // state.
 func (e *Env) Truncate(ctx context.Context, table string) error {
 	_, err := e.Pool.Exec(ctx, "TRUNCATE "+pgx.Identifier{e.Schema, table}.Sanitize())
 	return err
-}
-
-// Counters is a snapshot of what the servers and clients have counted.
-type Counters struct {
-	PGStatements int64  // statements the targets ran (client side)
-	TupleWrites  int64  // n_tup_ins + n_tup_upd + n_tup_del of the table
-	WALLSN       string // pg_current_wal_insert_lsn(), server-wide
-	RedisServer  int64  // INFO commandstats calls, all commands but INFO
-	RedisClient  int64  // commands the targets' client sent
-}
-
-// Delta is what happened between two snapshots.
-type Delta struct {
-	PGStatements, TupleWrites, WALBytes, RedisServer, RedisClient int64
-	// Exact is false when PostgreSQL's statistics could not be flushed on
-	// demand (before version 15): TupleWrites may then lag.
-	Exact bool
-}
-
-// Snapshot reads the counters of table. Call it when no request is in flight:
-// it first makes every idle pool connection flush its pending table
-// statistics (pg_stat_force_next_flush, PostgreSQL 15+), since PostgreSQL
-// otherwise publishes them up to a second or more later.
-func (e *Env) Snapshot(ctx context.Context, table string) (Counters, error) {
-	var c Counters
-	if e.forceFlush {
-		for _, conn := range e.Pool.AcquireAllIdle(ctx) {
-			_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
-			conn.Release()
-			if err != nil {
-				return c, fmt.Errorf("flush statistics: %w", err)
-			}
-		}
-	}
-	err := e.Pool.QueryRow(ctx, `
-SELECT coalesce((SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables
-	WHERE schemaname = $1 AND relname = $2), 0),
-	pg_current_wal_insert_lsn()::text`, e.Schema, table).Scan(&c.TupleWrites, &c.WALLSN)
-	if err != nil {
-		return c, fmt.Errorf("table statistics: %w", err)
-	}
-	info, err := e.admin.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return c, fmt.Errorf("redis INFO commandstats: %w", err)
-	}
-	c.RedisServer = commandCalls(info)
-	c.PGStatements = e.PGStatements.Count()
-	c.RedisClient = e.RedisCmds.Count()
-	return c, nil
-}
-
-// Since returns the counters' growth from before to after.
-func (e *Env) Since(ctx context.Context, before, after Counters) (Delta, error) {
-	d := Delta{
-		PGStatements: after.PGStatements - before.PGStatements,
-		TupleWrites:  after.TupleWrites - before.TupleWrites,
-		RedisServer:  after.RedisServer - before.RedisServer,
-		RedisClient:  after.RedisClient - before.RedisClient,
-		Exact:        e.forceFlush,
-	}
-	err := e.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint",
-		after.WALLSN, before.WALLSN).Scan(&d.WALBytes)
-	return d, err
-}
-
-// commandCalls sums the calls of every command in an INFO commandstats
-// reply except INFO itself (the snapshots' own).
-func commandCalls(info string) int64 {
-	var total int64
-	for line := range strings.Lines(info) {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
-			continue
-		}
-		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err == nil {
-					total += n
-				}
-			}
-		}
-	}
-	return total
 }
 
 // Versions returns the servers' versions and the settings that matter for

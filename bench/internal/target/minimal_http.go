@@ -20,9 +20,8 @@ import (
 // guard's middleware serves it behind the store: the request's fingerprint
 // (idem.HashRequest of method, target and body), the claim, next's answer
 // captured and stored, and for a taken key a 409, a 422 or the stored
-// answer replayed (201 with Idempotent-Replayed: true). It is what issue
-// 19's comparison drives when the peer library cannot be built: the least
-// SQL that does the job, through the same HTTP path as the guard. In the
+// answer replayed (201 with Idempotent-Replayed: true): the least SQL that
+// does the job, through the same HTTP path as the guard. In the
 // hybrid strategy a SET NX EX comes first, and a refused SET NX reads the
 // row (the guard's protocol before the lease carried the key's state).
 //
@@ -84,12 +83,17 @@ func (m *minimalHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	owner := nextToken(&m.tokens)
-	claimed, err := queryRow(ctx, m.env, m.sql.claim, scope, key, fp[:], owner[:])
+	var created time.Time
+	err = m.env.PGStatements.QueryRow(ctx, m.sql.claim, scope, key, fp[:], owner[:]).Scan(&created)
+	claimed := err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
 	if err != nil {
 		http.Error(w, "unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	if !claimed.found {
+	if !claimed {
 		found, err := m.answerTaken(ctx, w, scope, key, fp)
 		switch {
 		case err != nil:
@@ -174,4 +178,16 @@ func (r *recorder) Write(p []byte) (int, error) {
 		r.status = http.StatusOK
 	}
 	return r.body.Write(p)
+}
+
+// nextToken returns a fresh 16-byte owner token from a counter: unique
+// within the process, which is all the minimal SQL needs.
+func nextToken(n *atomic.Uint64) [16]byte {
+	var t [16]byte
+	v := n.Add(1)
+	for i := range 8 {
+		t[i] = byte(v >> (8 * i))
+	}
+	t[15] = 1
+	return t
 }

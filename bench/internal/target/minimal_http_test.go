@@ -13,8 +13,10 @@ import (
 )
 
 // TestMinimalHandler checks that the minimal SQL behind HTTP answers what
-// the guard's middleware answers: the handler's answer once, the same bytes
-// replayed, 422 for the key with another body.
+// the guard's middleware answers (the handler's answer once, the same bytes
+// replayed, 422 for the key with another body), and pins its round trips,
+// which docs/strategies.md gives: the claim returns nothing for a taken key,
+// so a replay or a refusal reads the row in a second statement.
 func TestMinimalHandler(t *testing.T) {
 	env := open(t)
 	for _, strategy := range []string{Table, Hybrid} {
@@ -28,7 +30,11 @@ func TestMinimalHandler(t *testing.T) {
 			require.NoError(t, err)
 			srv := httptest.NewServer(h)
 			defer srv.Close()
+			type trips struct{ pg, redis int64 }
+			var got []trips
 			post := func(body string) (*http.Response, string) {
+				pg0, redis0 := env.PGStatements.Count(), env.RedisCmds.Count()
+				defer func() { got = append(got, trips{env.PGStatements.Count() - pg0, env.RedisCmds.Count() - redis0}) }()
 				req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
 				require.NoError(t, err)
 				req.Header.Set(idem.HeaderKey, "k-"+strategy)
@@ -51,6 +57,11 @@ func TestMinimalHandler(t *testing.T) {
 			reused, _ := post(`{"a":2}`)
 			require.Equal(t, http.StatusUnprocessableEntity, reused.StatusCode)
 			require.Equal(t, 1, runs)
+			if strategy == Table {
+				require.Equal(t, []trips{{2, 0}, {2, 0}, {2, 0}}, got, "insert and update; insert (nothing) and read, twice")
+			} else {
+				require.Equal(t, []trips{{2, 1}, {1, 1}, {1, 1}}, got, "SET NX, insert and update; SET NX (refused) and read, twice")
+			}
 		})
 	}
 	_, err := MinimalHandler(env, "nope", nil, nil)
