@@ -96,7 +96,7 @@ func commitPool(b *testing.B, conc int, syncCommit string) *pgxpool.Pool {
 // Location and its body) on the real schema with the table's fillfactor set
 // to each value, 8 callers, and reports the share of answer writes that were
 // HOT updates (hot-%) and the heap's size per thousand keys (heap-kB/1k-keys).
-// It chose migration 0003's fillfactor: docs/configuration.md, "Schema and
+// It chose the migration's fillfactor: docs/configuration.md, "Schema and
 // migrations".
 //
 //	go test -run '^$' -bench Fillfactor -benchtime 40000x ./bench

@@ -17,7 +17,9 @@ import (
 // scanned (the <table>_reconcile row). Settling and
 // releasing go through the Guard. Each method is one round trip, except
 // where a write finds nothing to change (see [Store.Postpone]); run them
-// while holding the reconciler's lease (see [Leader]).
+// while holding the reconciler's lease, with the context of [Leader.Do],
+// which fences the writes (Postpone, MarkScanned, and the Guard's settle and
+// release through [Store.Complete] and [Store.Release]) by that lease.
 
 // Due is an in-progress row a reconciler is to look at: the attempt that
 // holds the key, and its reconciliation state.
@@ -76,9 +78,16 @@ func (s *Store) ListNew(ctx context.Context, after Due, to time.Time, limit int)
 
 // MarkScanned records that every row created at or before to has been
 // looked at: the next [Store.ScanWindow] starts there, less its overlap.
+// Under a lease (ctx from [Leader.Do]) it writes nothing once the lease has
+// passed, and returns an error wrapping [ErrLeaseLost].
 func (s *Store) MarkScanned(ctx context.Context, to time.Time) error {
+	const op = "mark scanned"
+	if f, ok := s.fence(ctx); ok {
+		_, err := s.writeFenced(ctx, op, f, s.backlog.markFenced, []any{to})
+		return err
+	}
 	_, err := s.db.Exec(ctx, s.backlog.mark, to)
-	return translate("mark scanned", err)
+	return translate(op, err)
 }
 
 // Postpone records attempts failed reconciliation attempts on the attempt
@@ -86,15 +95,27 @@ func (s *Store) MarkScanned(ctx context.Context, to time.Time) error {
 // delay. When that attempt no longer holds the key in progress, one more
 // statement tells why, as for [Store.Complete]: idem.ErrNotFound (no live
 // row, or released), idem.ErrNotOwner (another attempt) or
-// idem.ErrCompleted (answered).
+// idem.ErrCompleted (answered). Under a lease (ctx from [Leader.Do]) it
+// changes nothing once the lease has passed, and returns an error wrapping
+// [ErrLeaseLost].
 func (s *Store) Postpone(ctx context.Context, d Due, attempts int, delay time.Duration) error {
 	const op = "postpone"
 	attempts = min(attempts, math.MaxInt32)
-	tag, err := s.db.Exec(ctx, s.backlog.postpone, d.Scope, d.Key, d.Owner[:], int32(attempts), delay.Microseconds())
-	if err != nil {
-		return translate(op, err)
+	args := []any{d.Scope, d.Key, d.Owner[:], int32(attempts), delay.Microseconds()}
+	var postponed bool
+	if f, ok := s.fence(ctx); ok {
+		var err error
+		if postponed, err = s.writeFenced(ctx, op, f, s.backlog.postponeFenced, args); err != nil {
+			return err
+		}
+	} else {
+		tag, err := s.db.Exec(ctx, s.backlog.postpone, args...)
+		if err != nil {
+			return translate(op, err)
+		}
+		postponed = tag.RowsAffected() > 0
 	}
-	if tag.RowsAffected() == 0 {
+	if !postponed {
 		return s.why(ctx, op, d.Scope, d.Key, d.Owner)
 	}
 	return nil

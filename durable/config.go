@@ -98,7 +98,9 @@ type Config struct {
 	// the flush's wait. By default an answer write returns once its commit
 	// is on disk, like the claim, so every answer a client reads survives a
 	// PostgreSQL crash. An answer written through a caller's transaction
-	// ([Store.WithDB]) always commits with that transaction's own settings.
+	// ([Store.WithDB]) always commits with that transaction's own settings;
+	// one written under a lease (the reconciler's settle, see [Leader.Do])
+	// always waits for its flush.
 	//
 	// WARNING: with it, a crash of PostgreSQL (the OOM killer ending one
 	// backend restarts them all) within about three times wal_writer_delay

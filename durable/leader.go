@@ -25,7 +25,9 @@ var (
 	// ErrLeaseLost is the error of [Leader.Do] when its lease could not be
 	// renewed in time: fn's context was cancelled before the lease could
 	// have expired, so that fn had stopped acting as the leader before
-	// another holder could take over.
+	// another holder could take over. It is also the error of a Store's
+	// write made under a lease that had passed (see [Leader.Do]): the
+	// write changed nothing.
 	ErrLeaseLost = errors.New("durable: lease lost")
 )
 
@@ -42,16 +44,22 @@ const leaseMargin = 8
 // Each take, renewal and release is one autocommit statement, so nothing
 // is tied to a server session: it works through any connection pooler,
 // PgBouncer in transaction mode included, and a holder that dies only delays
-// the next one until its lease expires.
+// the next one until its lease expires. A lease that has expired is never
+// renewed: the next holder takes it anew.
+//
+// A holder cannot tell that it was paused (a SIGSTOP, a VM pause) past its
+// lease, so the writes it makes to the table through a [Store] are fenced by
+// the lease in their statement (see [Leader.Do]).
 //
 // A Leader is safe for concurrent use. Each [Leader.Do] call is a holder of
 // its own, so two calls exclude each other as two instances do.
 type Leader struct {
-	db   DB
-	job  string
-	tail time.Duration
-	ttl  time.Duration
-	sql  leaseStatements
+	db     DB
+	job    string
+	leases string // the lease table, quoted and qualified
+	tail   time.Duration
+	ttl    time.Duration
+	sql    leaseStatements
 }
 
 // NewLeader returns a Leader of job (a short name, such as "reconcile") on
@@ -73,12 +81,14 @@ func NewLeader(db DB, table, job string, tail time.Duration) (*Leader, error) {
 	case tail <= 0:
 		return nil, fmt.Errorf("durable: NewLeader: tail must be positive, got %v", tail)
 	}
+	leases := besideTable(table, "_leases")
 	return &Leader{
-		db:   db,
-		job:  job,
-		tail: tail,
-		ttl:  4 * tail,
-		sql:  newLeaseStatements(besideTable(table, "_leases")),
+		db:     db,
+		job:    job,
+		leases: leases,
+		tail:   tail,
+		ttl:    4 * tail,
+		sql:    newLeaseStatements(leases),
 	}, nil
 }
 
@@ -95,9 +105,21 @@ func NewLeader(db DB, table, job string, tail time.Duration) (*Leader, error) {
 // is left runs out, fn's context is cancelled and Do returns an error
 // wrapping [ErrLeaseLost]: fn must then stop within tail, which leaves it
 // done before the lease can have expired and another holder can take it.
+//
+// fn's context carries the lease, and so does every context derived from it
+// (context.WithoutCancel included). A [Store] of the same table makes its
+// writes with such a context under the lease: [Store.Complete],
+// [Store.Release], [Store.Postpone] and [Store.MarkScanned] each check, in
+// their statement and on the database's clock alone, that the lease is still
+// this call's and has not expired. A write that finds it passed or taken
+// (its holder was paused longer than the lease, or its statement arrived
+// late) changes nothing and returns an error wrapping [ErrLeaseLost]; one
+// that finds it live commits before any next holder can take it. So nothing
+// fn writes through the Store lands after the lease has passed, however long
+// this process is stopped.
 func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	holder := newHolder()
-	until, err := l.hold(ctx, holder)
+	until, err := l.hold(ctx, l.sql.take, holder)
 	if err != nil {
 		return l.error(err)
 	}
@@ -106,7 +128,7 @@ func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) err
 		return l.lost(errors.New("taking it took too long"))
 	}
 
-	lctx, lose := context.WithCancelCause(ctx)
+	lctx, lose := context.WithCancelCause(withFence(ctx, fence{leases: l.leases, job: l.job, holder: holder}))
 	defer lose(nil)
 	stop := make(chan struct{})
 	kept := make(chan struct{})
@@ -160,7 +182,7 @@ func (l *Leader) keep(ctx context.Context, holder string, until time.Time, stop 
 			ch := make(chan renewal, 1)
 			inFlight = ch
 			wg.Go(func() {
-				u, err := l.hold(rctx, holder)
+				u, err := l.hold(rctx, l.sql.renew, holder)
 				ch <- renewal{u, err}
 			})
 		case r := <-inFlight:
@@ -174,13 +196,14 @@ func (l *Leader) keep(ctx context.Context, holder string, until time.Time, stop 
 	}
 }
 
-// hold takes or renews the lease for holder, in one statement, and returns
-// until when, on this host's monotonic clock, holder may act on it. It
-// returns ErrLocked when another holder's lease is live.
-func (l *Leader) hold(ctx context.Context, holder string) (time.Time, error) {
+// hold takes (l.sql.take) or renews (l.sql.renew) the lease for holder, in
+// one statement, and returns until when, on this host's monotonic clock,
+// holder may act on it. It returns ErrLocked when another holder's lease is
+// live, or, for a renewal, when holder's lease has expired.
+func (l *Leader) hold(ctx context.Context, stmt, holder string) (time.Time, error) {
 	sent := time.Now()
 	var now, expires time.Time
-	err := l.db.QueryRow(ctx, l.sql.hold, l.job, holder, l.ttl.Microseconds()).Scan(&now, &expires)
+	err := l.db.QueryRow(ctx, stmt, l.job, holder, l.ttl.Microseconds()).Scan(&now, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, ErrLocked
 	}
@@ -202,7 +225,7 @@ func (l *Leader) error(err error) error {
 // lost is the error of a lease lost for cause.
 func (l *Leader) lost(cause error) error {
 	if errors.Is(cause, ErrLocked) {
-		cause = errors.New("another holder has taken it")
+		cause = errors.New("it has expired, or another holder has taken it")
 	}
 	return &opError{op: "lead " + l.job, kind: ErrLeaseLost, err: cause}
 }

@@ -3,6 +3,7 @@ package durable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/faultproxy"
 	"github.com/idemguard/idem/internal/testdb"
@@ -318,4 +320,86 @@ func TestSweepersTakeTurns(t *testing.T) {
 		require.EqualValues(t, 90, n)
 		require.Zero(t, b.count(t))
 	})
+}
+
+// TestLeaderFencesTheStoresWrites: the Store's writes made with a
+// Leader.Do's context (context.WithoutCancel of it too) — a settle, a
+// release, a postponement, the scan's mark — change their row while the
+// lease is live, and change nothing, with durable.ErrLeaseLost, once the
+// lease has passed on the database's clock or another holder has taken it:
+// what a leader paused past its lease would write when it resumes.
+func TestLeaderFencesTheStoresWrites(t *testing.T) {
+	for _, notify := range []bool{false, true} {
+		for _, lease := range []string{"live", "passed", "taken"} {
+			t.Run(fmt.Sprintf("notify=%t/lease=%s", notify, lease), func(t *testing.T) {
+				b := setup(t, &durable.Config{Notify: notify})
+				// A tail of a minute: no renewal while the test runs.
+				l := newLeader(t, b.pool, b, time.Minute)
+				settled, released, postponed := params(t, "u", "settled", "x"), params(t, "u", "released", "x"), params(t, "u", "postponed", "x")
+				for _, p := range []idem.ClaimParams{settled, released, postponed} {
+					b.claim(t, p)
+				}
+				var wakes []<-chan struct{} // of the settled and the released key
+				if notify {
+					lis := newListener(t, b)
+					for _, p := range []idem.ClaimParams{settled, released} {
+						wake, cancel := lis.Subscribe(p.Scope, p.Key)
+						t.Cleanup(cancel)
+						wakes = append(wakes, wake)
+					}
+				}
+				mark := time.Now().Add(-time.Hour).UTC().Truncate(time.Microsecond)
+				answer := idem.Response{Status: 201, Body: []byte("settled")}
+				require.NoError(t, l.Do(b.ctx, func(ctx context.Context) error {
+					switch lease {
+					case "passed":
+						_, err := b.pool.Exec(ctx, `UPDATE `+leaseTable(b)+` SET expires_at = now() - interval '1 millisecond'`)
+						require.NoError(t, err)
+					case "taken":
+						_, err := b.pool.Exec(ctx, `UPDATE `+leaseTable(b)+` SET holder = 'another'`)
+						require.NoError(t, err)
+					}
+					ctx = context.WithoutCancel(ctx)
+					errs := []error{
+						b.store.Complete(ctx, settled.Scope, settled.Key, settled.Owner, answer),
+						b.store.Release(ctx, released.Scope, released.Key, released.Owner),
+						b.store.Postpone(ctx, durable.Due{Scope: postponed.Scope, Key: postponed.Key, Owner: postponed.Owner}, 1, time.Hour),
+						b.store.MarkScanned(ctx, mark),
+					}
+					for i, err := range errs {
+						if lease == "live" {
+							require.NoError(t, err, "write %d", i)
+						} else {
+							require.ErrorIs(t, err, durable.ErrLeaseLost, "write %d", i)
+						}
+					}
+					return nil
+				}))
+
+				applied := lease == "live"
+				rec, err := b.store.Get(b.ctx, settled.Scope, settled.Key)
+				require.NoError(t, err)
+				require.Equal(t, applied, rec.Answer != nil, "settled")
+				_, err = b.store.Get(b.ctx, released.Scope, released.Key)
+				if applied {
+					require.ErrorIs(t, err, idem.ErrNotFound, "released")
+				} else {
+					require.NoError(t, err, "still in progress")
+				}
+				var attempts int
+				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT reconcile_attempts FROM `+b.store.Table()+` WHERE key = 'postponed'`).Scan(&attempts))
+				require.Equal(t, applied, attempts == 1, "postponed")
+				var marked bool
+				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM `+stateTable(b.store.Table())+` WHERE scanned_to = $1)`, mark).Scan(&marked))
+				require.Equal(t, applied, marked, "marked")
+				for _, wake := range wakes {
+					if applied {
+						woken(t, wake, "a fenced write announces its key")
+					} else {
+						quietFor(t, wake, 200*time.Millisecond, "a write refused by its fence announces nothing")
+					}
+				}
+			})
+		}
+	}
 }

@@ -34,6 +34,10 @@ type statements struct {
 	claimMany                                  string
 	completeMany, completeManyNotify           string
 	completeManyAsync, completeManyAsyncNotify string
+	// complete and release under a Leader's lease (see fenced): the
+	// reconciler's settle and release.
+	completeFenced, completeFencedNotify string
+	releaseFenced, releaseFencedNotify   string
 }
 
 // Every row keeps its own retention: how long it lives after its answer
@@ -290,7 +294,50 @@ RETURNING created_at`),
 	st.completeAsyncNotify = withNotify(st.completeAsync, 8)
 	st.releaseNotify = withNotify(st.release, 5)
 	st.giveBackNotify = withNotify(st.giveBack, 6)
+	// The same writes under a Leader's lease: complete's $8 and $9 and
+	// release's $5 and $6 are the lease's job and holder, the next two
+	// parameters the channel and the tag. A fenced answer write always
+	// waits for its flush: only the reconciler makes one, rarely.
+	l := besideTable(t, "_leases")
+	st.completeFenced = fenced(l, 8, r.Replace(completeSQL)+fenceCond, 0)
+	st.completeFencedNotify = fenced(l, 8, r.Replace(completeSQL)+fenceCond, 10)
+	st.releaseFenced = fenced(l, 5, st.release+fenceCond, 0)
+	st.releaseFencedNotify = fenced(l, 5, st.release+fenceCond, 7)
 	return st
+}
+
+// fenceCond ends the WHERE clause of a write to be fenced (see fenced).
+const fenceCond = "\n\tAND {fenced}"
+
+// fenced makes write a write under a Leader's lease, for a holder that may
+// have been paused past it (a SIGSTOP, a VM pause) and cannot know: the
+// lease of job $j held by $j+1, in the lease table l. write changes at most
+// one row, and holds {fenced} in its condition. The statement changes that
+// row only while the lease is $j+1's and live on the database's clock (its
+// expires_at after the statement's now(); no host's clock is read), and
+// returns whether it was, and how many rows it changed. With notify > 0 it
+// also pg_notify's $notify (the channel) with $notify+1 (the payload) when it
+// changed the row.
+//
+// It locks the lease row FOR SHARE before it reads the table (the one-time
+// filter on the fence): a next holder's take, an update of that row, waits
+// for the write to commit, and a write that meets a take re-reads the row
+// and finds another holder. So a fenced write commits before the lease can
+// change hands, or changes nothing: whatever the next holder reads, it reads
+// after the write. The leader's own renewal waits for it too, a moment.
+func fenced(l string, j int, write string, notify int) string {
+	n := func(i int) string { return "$" + strconv.Itoa(i) }
+	write = strings.Replace(write, "{fenced}", "EXISTS (SELECT FROM fence)", 1)
+	changed := "count(*) FROM w"
+	if notify > 0 {
+		changed += " CROSS JOIN LATERAL pg_notify(" + n(notify) + ", " + n(notify+1) + ") AS n"
+	}
+	return `WITH fence AS (
+	SELECT FROM ` + l + ` WHERE job = ` + n(j) + ` AND holder = ` + n(j+1) + ` AND expires_at > now() FOR SHARE
+), w AS (` + write + `
+RETURNING 1
+)
+SELECT EXISTS (SELECT FROM fence), ` + changed
 }
 
 // asyncCommit, in a statement's FROM, makes its implicit transaction commit
@@ -363,7 +410,7 @@ func withNotify(write string, n int) string {
 // leaseStatements are the statements of a [Leader], over the lease table
 // beside the table (<table>_leases), each one autocommit round trip.
 type leaseStatements struct {
-	hold, release string
+	take, renew, release string
 }
 
 // newLeaseStatements builds them for the quoted, qualified lease table l.
@@ -372,19 +419,30 @@ func newLeaseStatements(l string) leaseStatements {
 	return leaseStatements{
 		// $1 job, $2 holder, $3 length (microseconds).
 		//
-		// Takes the job's lease when nobody holds it, when its lease has
-		// expired, or when $2 holds it already (a renewal); it returns no
-		// row when another holder's lease is live. Two holders racing for
-		// one lease serialise on its row lock; the second re-checks the
-		// WHERE against the first's row. The statement's now() and the
-		// new expiry are returned, so that the caller counts the lease's
-		// remaining time on the database's clock only.
-		hold: r.Replace(`
+		// Takes the job's lease when nobody holds it or its lease has
+		// expired; it returns no row when another holder's lease is live.
+		// Two holders racing for one lease serialise on its row lock; the
+		// second re-checks the WHERE against the first's row. The
+		// statement's now() and the new expiry are returned, so that the
+		// caller counts the lease's remaining time on the database's clock
+		// only.
+		take: r.Replace(`
 INSERT INTO {l} AS l (job, holder, expires_at)
 VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (job) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-WHERE l.holder = excluded.holder OR l.expires_at <= now()
+WHERE l.expires_at <= now()
 RETURNING now(), l.expires_at`),
+
+		// $1 job, $2 holder, $3 length (microseconds).
+		//
+		// Renews $2's lease while it is live, and returns as take does; no
+		// row once it has expired, even if nobody took it since: a lease
+		// that passed is never $2's again, so a write fenced by it (see
+		// fenced) cannot land in a later term, after another holder's.
+		renew: r.Replace(`
+UPDATE {l} SET expires_at = now() + $3::bigint * interval '1 microsecond'
+WHERE job = $1 AND holder = $2 AND expires_at > now()
+RETURNING now(), expires_at`),
 
 		// $1 job, $2 holder. Ends $2's lease now, if it still holds it.
 		release: r.Replace(`
@@ -414,6 +472,9 @@ WHERE job = $1 AND holder = $2 AND expires_at > now()`),
 // progress: no claim holds them.
 type backlogStatements struct {
 	listPostponed, listNew, window, mark, postpone string
+	// mark and postpone under a Leader's lease (see fenced): the
+	// reconciler's.
+	markFenced, postponeFenced string
 }
 
 // dueColumns is the select list of both listings, in the order collectDue
@@ -425,7 +486,7 @@ const dueColumns = `user_id, key, request_hash, owner_token, coalesce(intent_id,
 // reconciler's table state.
 func newBacklogStatements(t, state string) backlogStatements {
 	r := strings.NewReplacer("{t}", t, "{state}", state, "{due}", dueColumns)
-	return backlogStatements{
+	st := backlogStatements{
 		// $1 limit. The rows whose backoff ended, in the order it ended. A row in progress never expires,
 		// so no retention bounds the list.
 		listPostponed: r.Replace(`
@@ -463,6 +524,11 @@ SELECT coalesce(
 INSERT INTO {state} AS s (singleton, scanned_to) VALUES (true, $1)
 ON CONFLICT (singleton) DO UPDATE SET scanned_to = excluded.scanned_to, updated_at = now()`),
 
+		// $1 the new mark, $2 and $3 the lease's job and holder.
+		markFenced: fenced(besideTable(t, "_leases"), 2, r.Replace(`
+INSERT INTO {state} AS s (singleton, scanned_to) SELECT true, $1::timestamptz WHERE {fenced}
+ON CONFLICT (singleton) DO UPDATE SET scanned_to = excluded.scanned_to, updated_at = now()`), 0),
+
 		// $1 scope, $2 key, $3 owner, $4 attempts, $5 delay (microseconds).
 		// The owner check keeps the backoff on the attempt that was listed.
 		postpone: r.Replace(`
@@ -472,4 +538,7 @@ UPDATE {t} SET
 WHERE user_id = $1 AND key = $2 AND owner_token = $3
 	AND response_status IS NULL AND released_at IS NULL`),
 	}
+	// $6 and $7 the lease's job and holder.
+	st.postponeFenced = fenced(besideTable(t, "_leases"), 6, st.postpone+fenceCond, 0)
+	return st
 }

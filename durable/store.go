@@ -377,6 +377,11 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 // the same answer (status, headers and body), as after a Complete whose
 // commit went through but whose reply was lost, it returns nil. So a caller
 // may retry a Complete that failed for an unknown reason.
+//
+// Under a lease (ctx from [Leader.Do] of the Store's table: the reconciler's
+// settle), the write is fenced by it in the same statement and commits
+// without sharing: once the lease has passed it changes nothing and returns
+// an error wrapping [ErrLeaseLost].
 func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Token, a idem.Response) error {
 	const op = "complete"
 	if err := checkKey(op, scope, key); err != nil {
@@ -388,13 +393,25 @@ func (s *Store) Complete(ctx context.Context, scope, key string, owner idem.Toke
 	}
 	r := answerReq{scope: scope, key: key, owner: owner, status: status, headers: headers, body: body}
 	var written bool
-	if s.answers != nil {
-		written, err = s.answers.do(ctx, r)
+	if f, ok := s.fence(ctx); ok {
+		args := []any{scope, key, owner[:], status, headers, body, s.retention}
+		if s.cfg.Notify {
+			written, err = s.writeFenced(ctx, op, f, s.sql.completeFencedNotify, args, s.channel, keyTag(scope, key))
+		} else {
+			written, err = s.writeFenced(ctx, op, f, s.sql.completeFenced, args)
+		}
+		if err != nil {
+			return err
+		}
 	} else {
-		written, err = s.completeOne(ctx, &r)
-	}
-	if err != nil {
-		return translate(op, err)
+		if s.answers != nil {
+			written, err = s.answers.do(ctx, r)
+		} else {
+			written, err = s.completeOne(ctx, &r)
+		}
+		if err != nil {
+			return translate(op, err)
+		}
 	}
 	if written {
 		return nil
@@ -490,7 +507,8 @@ func (s *Store) completeMany(ctx context.Context, reqs []*answerReq) ([]bool, er
 // the row and is refused. The row expires retention after its release. It is
 // one statement when it succeeds; otherwise one more tells idem.ErrNotFound
 // (also for a row already released), idem.ErrNotOwner and idem.ErrCompleted
-// apart, as for [Store.Complete].
+// apart, as for [Store.Complete]. Under a lease it is fenced as
+// [Store.Complete] is.
 func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token) error {
 	const op = "release"
 	if err := checkKey(op, scope, key); err != nil {
@@ -500,6 +518,19 @@ func (s *Store) Release(ctx context.Context, scope, key string, owner idem.Token
 		tag pgconn.CommandTag
 		err error
 	)
+	if f, ok := s.fence(ctx); ok {
+		var released bool
+		args := []any{scope, key, owner[:], s.retention}
+		if s.cfg.Notify {
+			released, err = s.writeFenced(ctx, op, f, s.sql.releaseFencedNotify, args, s.channel, keyTag(scope, key))
+		} else {
+			released, err = s.writeFenced(ctx, op, f, s.sql.releaseFenced, args)
+		}
+		if err != nil || released {
+			return err
+		}
+		return s.why(ctx, op, scope, key, owner)
+	}
 	if s.cfg.Notify {
 		tag, err = s.db.Exec(ctx, s.sql.releaseNotify, scope, key, owner[:], s.retention, s.channel, keyTag(scope, key))
 	} else {

@@ -23,13 +23,25 @@
 // table, see durable.Leader, which works through any connection pooler), so
 // it is safe, and intended, to run one on every instance.
 //
-// A key that changed while the ResolveFunc worked (its request finished, was
-// released, or claimed anew) is skipped: the decision is about the attempt
-// that was listed, and it is applied only to that attempt's owner token
-// (Guard.Settle, Guard.Release), in the same statement. Every
-// execution holds a row in both strategies, so a process that dies mid-work,
-// in either, leaves an in-progress row for the Reconciler: its retries get
-// 409 until the ResolveFunc has said what happened.
+// Every execution holds a row in both strategies, so a process that dies
+// mid-work, in either, leaves an in-progress row for the Reconciler: its
+// retries get 409 until the ResolveFunc has said what happened.
+//
+// # Once per key, however the leader is paused
+//
+// Each decision (a settle, a release, a postponement) is applied by one
+// statement that checks, with the row, both the attempt that was listed (its
+// owner token: a key finished, released or claimed anew while the
+// ResolveFunc worked is skipped) and the run's lease, on the database's clock
+// alone (durable.Leader.Do). A leader paused longer than its lease (a
+// SIGSTOP, a VM pause; the lease lasts four StoreTimeouts) cannot stop
+// itself, and the next leader may resolve the same key meanwhile; when the
+// paused one resumes, its decision changes nothing: it is dropped, counted in
+// Result.Skipped, logged once, and its run ends with durable.ErrLeaseLost.
+// So an attempt is settled or released at most once, by a leader whose lease
+// was live when the decision was applied, and no later leader's decision is
+// undone by an earlier one's. The ResolveFunc itself is not fenced: see its
+// WARNING.
 //
 // # Usage
 //
@@ -171,21 +183,23 @@ type Decision struct {
 //
 // WARNING: across a fleet it may run twice at once for one key. A leader
 // that is paused longer than its lease (a SIGSTOP, a VM pause: the lease
-// lasts four of the Reconciler's StoreTimeouts) cannot stop itself, and the
-// next leader resolves the same key meanwhile. The decisions are still
-// applied once per attempt: each is owner-checked in its statement, so the
-// key keeps the first one applied (the same Settled answer twice is one
-// answer; a later Release, or a Settle with another answer, is skipped), and
-// a client's retry is answered by it. What the resolver itself does is not
-// fenced: keep it a lookup, or make its side effects idempotent under the
-// key (idem.DownstreamKey), so that running it twice does no harm.
+// lasts four of the Reconciler's StoreTimeouts) cannot stop its own code,
+// and the next leader resolves the same key meanwhile. Only the decisions
+// are fenced by the lease (the paused leader's is dropped, see the package
+// doc); what the resolver does is not, and may land late, after the next
+// leader's. Keep it a lookup; or make each of its writes conditional on what
+// it read (a compare-and-set, as examples/checkout does for an order's
+// status) or idempotent under the key (idem.DownstreamKey), so that running
+// it twice, or late, does no harm.
 type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 
 // Guard is how a Reconciler settles and releases keys, each restricted to
 // the attempt it listed, by its owner token (so a key released and claimed
 // again by a new request meanwhile is left alone). *idem.Guard satisfies it:
 // use the Guard that serves the requests, so that its stats, logs and
-// metrics see the reconciler's actions.
+// metrics see the reconciler's actions. The ctx of Settle and Release
+// carries the run's lease: passed on to the Guard's durable.Store (the one
+// given to [New]), it fences the write (see durable.Leader.Do).
 type Guard interface {
 	Settle(ctx context.Context, scope, key string, owner idem.Token, resp idem.Response) error
 	Release(ctx context.Context, scope, key string, owner idem.Token) error
@@ -220,10 +234,12 @@ type Store interface {
 	// after the position of after and no later than to, oldest first.
 	ListNew(ctx context.Context, after durable.Due, to time.Time, limit int) ([]durable.Due, error)
 	// MarkScanned records that every key created at or before to has been
-	// looked at.
+	// looked at; like Postpone, fenced by the lease ctx carries.
 	MarkScanned(ctx context.Context, to time.Time) error
 	// Postpone records attempts failed attempts on the listed attempt of a
-	// key and hides it for delay.
+	// key and hides it for delay; it changes nothing, with an error
+	// wrapping durable.ErrLeaseLost, once the lease ctx carries has passed
+	// (see durable.Leader.Do).
 	Postpone(ctx context.Context, d durable.Due, attempts int, delay time.Duration) error
 }
 
@@ -302,7 +318,10 @@ type Result struct {
 	// Skipped keys were finished, released or taken over by a new request
 	// (idem.ErrCompleted, ErrNotFound, ErrNotOwner) before the decision
 	// could be applied: a normal race with a retry or with the request's
-	// owner, not an error.
+	// owner, not an error. A decision dropped because the run's lease had
+	// passed when it reached the database counts here too: the key is left
+	// to the instance that leads now, and the run's error (wrapping
+	// durable.ErrLeaseLost) says why.
 	Skipped int
 	// Errors counts keys whose ResolveFunc failed (error, panic, timeout,
 	// invalid Decision; such keys are postponed like Unknown ones) and keys
@@ -449,8 +468,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // (it is reconciling right now: nothing was done, a normal outcome when a
 // Reconciler runs on every instance), the context's error when ctx ended,
 // durable.ErrLeaseLost when the lease could not be renewed (the run stopped,
-// as if cancelled, before the lease could expire), or the store's error when
-// listing failed.
+// as if cancelled, before the lease could expire) or had passed when a
+// decision reached the database (the decision was dropped; see the package
+// doc), or the store's error when listing failed.
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
@@ -491,7 +511,11 @@ func (r *Reconciler) run(ctx context.Context, res *Result) error {
 			}
 			seen[id] = true
 			handled++
-			if !r.handle(ctx, d, res) && stuck == nil {
+			done, err := r.handle(ctx, d, res)
+			if err != nil {
+				return handled, stuck, err
+			}
+			if !done && stuck == nil {
 				stuck = &batch[i]
 			}
 		}
@@ -607,8 +631,10 @@ func (r *Reconciler) forgetStale(now time.Time) {
 
 // handle resolves one key and applies the decision, counting it in res. It
 // reports whether the key is no longer due: settled, released, postponed, or
-// changed by someone else.
-func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) bool {
+// changed by someone else. Its error, which ends the run, wraps
+// durable.ErrLeaseLost when the decision was refused because this run's lease
+// had passed by the time it reached the database (see dropped).
+func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) (bool, error) {
 	log := r.log.With(slog.String("key_hash", idem.KeyHash(d.Scope, d.Key)))
 	if left := r.wait(ctx, d); left > 0 {
 		// The execution that holds the key may still run, whatever the
@@ -616,7 +642,7 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 		// at the next run.
 		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile leaves a key alone until its hold has passed on its own clock",
 			slog.Duration("left", left))
-		return false
+		return false, nil
 	}
 	it := Item{Scope: d.Scope, Key: d.Key, Fingerprint: d.Fingerprint, Intent: d.Intent,
 		Attempt: d.Attempt, CreatedAt: d.CreatedAt, Attempts: d.Attempts}
@@ -626,28 +652,31 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 	}
 	if ctx.Err() != nil {
 		// Stopping: the resolver was cut short. Leave the key due, untouched.
-		return false
+		return false, nil
 	}
-	// The decision is made: record it even if ctx ends from now on.
+	// The decision is made: record it even if ctx ends from now on. ctx
+	// carries the run's lease (durable.Leader.Do): each write is fenced by
+	// it, so none lands once the lease has passed, however long this
+	// process was paused.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)
 	defer cancel()
 
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile resolver failed; the key stays in progress",
 			slog.Int("attempts", it.Attempts), slog.Any("error", err))
-		postponed, due := r.postpone(sctx, log, d, res)
+		postponed, due, lost := r.postpone(sctx, log, d, Unknown, res)
 		if postponed {
 			res.Errors++
 		}
-		return !due
+		return !due, lost
 	}
 	switch dec.Verdict {
 	case Unknown:
-		postponed, due := r.postpone(sctx, log, d, res)
+		postponed, due, lost := r.postpone(sctx, log, d, Unknown, res)
 		if postponed {
 			res.Unknown++
 		}
-		return !due
+		return !due, lost
 	case Settled, NothingHappened:
 		if dec.Verdict == Settled {
 			err = r.guard.Settle(sctx, d.Scope, d.Key, d.Owner, dec.Response)
@@ -658,6 +687,8 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 			r.forget(d)
 		}
 		switch {
+		case errors.Is(err, durable.ErrLeaseLost):
+			return false, r.dropped(ctx, log, dec.Verdict, err, res)
 		case gone(err):
 			res.Skipped++
 			log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished meanwhile",
@@ -667,8 +698,8 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 			log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not apply its decision; the key stays in progress",
 				slog.String("verdict", dec.Verdict.String()), slog.Any("error", err))
 			// A failing call must not be retried at every run: back off.
-			_, due := r.postpone(sctx, log, d, &Result{})
-			return !due
+			_, due, lost := r.postpone(sctx, log, d, dec.Verdict, &Result{})
+			return !due, lost
 		case dec.Verdict == Settled:
 			res.Settled++
 			log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile settled a key",
@@ -680,7 +711,20 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) boo
 				slog.Int("attempts", it.Attempts), slog.Duration("age", time.Since(d.CreatedAt)))
 		}
 	}
-	return true
+	return true, nil
+}
+
+// dropped counts and logs a decision refused by its fence: this run's lease
+// had passed when the decision reached the database (the process was paused
+// longer than the lease, or could not renew it), so another instance may
+// lead and be resolving the key. The decision is dropped, the key is left
+// to whoever leads now, and the run ends with err, once: every later write
+// of the run would be refused too.
+func (r *Reconciler) dropped(ctx context.Context, log *slog.Logger, v Verdict, err error, res *Result) error {
+	res.Skipped++
+	log.LogAttrs(ctx, slog.LevelWarn, "idem: reconcile dropped its decision: its lease had passed when the decision reached the database; the key is left to the instance that leads now",
+		slog.String("verdict", v.String()), slog.Any("error", err))
+	return err
 }
 
 // call runs the resolver with its timeout, turning a panic into an error.
@@ -710,27 +754,32 @@ func (d Decision) validate() error {
 }
 
 // postpone records one more failed attempt and hides the key for its
-// backoff. It reports whether the key was postponed, and whether it is still
-// due: it is not when postponed or changed by someone else meanwhile (counted
-// in res as skipped); it is when the store failed (counted as an error).
-func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.Due, res *Result) (postponed, due bool) {
+// backoff, after a decision v (Unknown, or one that could not be applied).
+// It reports whether the key was postponed, and whether it is still due: it
+// is not when postponed or changed by someone else meanwhile (counted in res
+// as skipped); it is when the store failed (counted as an error). lost, which
+// ends the run, wraps durable.ErrLeaseLost when the postponement was refused
+// by this run's lease (see dropped).
+func (r *Reconciler) postpone(ctx context.Context, log *slog.Logger, d durable.Due, v Verdict, res *Result) (postponed, due bool, lost error) {
 	attempts := d.Attempts + 1
 	delay := r.backoff(attempts)
 	err := r.store.Postpone(ctx, d, attempts, delay)
 	switch {
+	case errors.Is(err, durable.ErrLeaseLost):
+		return false, true, r.dropped(ctx, log, v, err, res)
 	case gone(err):
 		r.forget(d)
 		res.Skipped++
 		log.LogAttrs(ctx, slog.LevelDebug, "idem: reconcile skipped a key finished or taken over meanwhile")
-		return false, false
+		return false, false, nil
 	case err != nil:
 		res.Errors++
 		log.LogAttrs(ctx, slog.LevelError, "idem: reconcile could not postpone the key", slog.Any("error", err))
-		return false, true
+		return false, true, nil
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, "idem: reconcile could not learn the outcome; will try again",
 		slog.Int("attempts", attempts), slog.Duration("retry_in", delay))
-	return true, false
+	return true, false, nil
 }
 
 // backoff is the wait after the given number of failed attempts (1 or more):

@@ -94,6 +94,30 @@ func (s *orderStore) update(ctx context.Context, db durable.DB, o Order) error {
 	return nil
 }
 
+// errOrderMoved says that an order is no longer in the status a transition
+// was decided from, nor in the one it leads to.
+var errOrderMoved = errors.New("the order moved on meanwhile")
+
+// transition moves o to its status and charge from the status from, which
+// the caller read, as one compare-and-set: the reconciler's writes. Its
+// resolver may run twice at once across a fleet, or late (a reconciler paused
+// past its lease, whose decision idem then drops), and must never overwrite
+// what the intent's next attempt wrote since, such as mark abandoned an order
+// that attempt paid. An order already in o's state (another run got there
+// first) is left so, without error; any other state fails with errOrderMoved.
+func (s *orderStore) transition(ctx context.Context, o Order, from OrderStatus) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET status = $2, charge_id = nullif($3, ''), updated_at = now()
+WHERE id = $1 AND (status = $4 OR (status = $2 AND charge_id IS NOT DISTINCT FROM nullif($3, '')))`,
+		o.ID, o.Status, o.ChargeID, from)
+	if err != nil {
+		return fmt.Errorf("update order: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("update order %s from %s to %s: %w", o.ID, from, o.Status, errOrderMoved)
+	}
+	return nil
+}
+
 // get returns the order with that id, and whether it exists.
 func (s *orderStore) get(ctx context.Context, id string) (Order, bool, error) {
 	o, err := scanOrder(s.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM `+s.table+` WHERE id = $1`, id))

@@ -25,6 +25,14 @@ import (
 //   - a charge: the order's final state is recorded and the key is settled
 //     with the answer the request would have given, which the next retry
 //     gets (201, or 402 for a decline).
+//
+// Across a fleet this may run twice at once for one key, or late: a
+// reconciler paused past its lease resumes and runs on, and only its
+// decision is dropped (see reconcile.ResolveFunc). So the order is moved
+// only from the status read here (orderStore.transition, a compare-and-set):
+// a late run that found no charge cannot mark abandoned the order that the
+// intent's next attempt has paid since; it fails, and the key, if still in
+// progress, is looked at again later. The provider lookup is a read.
 func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 	o, found, err := c.orders.get(ctx, orderID(it.Intent))
 	if err != nil {
@@ -33,13 +41,14 @@ func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.De
 	if !found {
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 	}
+	from := o.Status
 	ch, charged, err := c.payrail.Lookup(ctx, o.paymentKey())
 	if err != nil {
 		return reconcile.Decision{}, err // unknown: tried again later
 	}
 	if !charged {
 		o.Status = OrderAbandoned
-		if err := c.orders.update(ctx, c.orders.pool, o); err != nil {
+		if err := c.orders.transition(ctx, o, from); err != nil {
 			return reconcile.Decision{}, err
 		}
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
@@ -51,7 +60,7 @@ func (c *checkout) resolve(ctx context.Context, it reconcile.Item) (reconcile.De
 		o.Status, o.ChargeID = OrderPaid, ch.ID
 		resp = createdResponse(o)
 	}
-	if err := c.orders.update(ctx, c.orders.pool, o); err != nil {
+	if err := c.orders.transition(ctx, o, from); err != nil {
 		return reconcile.Decision{}, err
 	}
 	return reconcile.Decision{Verdict: reconcile.Settled, Response: resp}, nil
