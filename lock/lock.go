@@ -10,12 +10,11 @@
 // <key> <value> NX GET PX <ttl>, then PTTL <key>, sent together. The TTL in
 // the value is what the age of a held lease is measured against (see
 // [Locker.TryLock]), so that Lockers with different Config.TTLs can share
-// keys. Replacing, releasing and refreshing are compare-and-act Lua
-// scripts (embedded from the .lua files of this package) that check the
-// token: nobody can change a lease they do not hold, even after theirs has
-// expired and another caller has taken the key. [Locker.Set] and
-// [Locker.Delete] act whoever holds the key, for a caller that knows the
-// key's state from elsewhere.
+// keys. Replacing and releasing are one compare-and-act Lua script
+// (embedded from replace.lua) that checks the token: nobody can change a
+// lease they do not hold, even after theirs has expired and another caller
+// has taken the key. [Locker.Set] and [Locker.Delete] act whoever holds the
+// key, for a caller that knows the key's state from elsewhere.
 //
 // A Locker keeps one exchange with Redis out at a time: a command sent while
 // none is out goes at once, and the commands that arrive meanwhile go
@@ -70,23 +69,18 @@ var (
 	ErrUnavailable = errors.New("lock: redis unavailable")
 )
 
-var (
-	//go:embed replace.lua
-	replaceSrc string
-	//go:embed refresh.lua
-	refreshSrc string
-	//go:embed ttl.lua
-	ttlSrc string
-)
+//go:embed replace.lua
+var replaceSrc string
 
 // Config tunes a Locker. A nil *Config is valid and gives every default.
 type Config struct {
 	// Prefix starts every Redis key the Locker writes. It must not contain
 	// '{' or '}', which would change the Cluster hash tag. Defaults to "idem:".
 	Prefix string
-	// TTL is how long a lease lives unless refreshed. Redis expires it after
-	// that, so a crashed holder frees the key by itself. Must be a whole
-	// number of seconds of at least 1s. Defaults to 30s.
+	// TTL is how long a lease lives unless its holder replaces it with
+	// another TTL. Redis expires it after that, so a crashed holder frees
+	// the key by itself. Must be a whole number of seconds of at least 1s.
+	// Defaults to 30s.
 	TTL time.Duration
 	// Timeout bounds each Redis call when the caller's context has no earlier
 	// deadline, so that a stalled Redis (or a client whose pool is
@@ -141,8 +135,6 @@ type Locker struct {
 	cfg     Config
 	pipe    *pipeline
 	replace *redis.Script
-	refresh *redis.Script
-	ttl     *redis.Script
 }
 
 // New returns a Locker over client. A nil cfg gives every default. It does not
@@ -166,14 +158,8 @@ func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	l := &Locker{
-		client:  client,
-		cfg:     c,
-		replace: redis.NewScript(replaceSrc),
-		refresh: redis.NewScript(refreshSrc),
-		ttl:     redis.NewScript(ttlSrc),
-	}
-	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
+	l := &Locker{client: client, cfg: c, replace: redis.NewScript(replaceSrc)}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace}}
 	return l, nil
 }
 
@@ -409,25 +395,20 @@ func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
 
-// Lease is a held lock. Its methods are safe for concurrent use. A Lease says
-// nothing about whether Redis still holds it: ask with TTL.
+// Lease is a held lock: a key and the random owner token that starts its
+// value. Its methods are safe for concurrent use. A Lease says nothing about
+// whether Redis still holds it; its methods act only while it does.
 type Lease struct {
 	locker *Locker
 	key    string
 	token  string
 }
 
-// Key returns the Redis key of the lease.
-func (l *Lease) Key() string { return l.key }
-
-// Token returns the random owner token that starts the key's value.
-func (l *Lease) Token() string { return l.token }
-
 // Release deletes the key if it still holds this lease's token. It returns
 // ErrNotHeld when the lease has expired or belongs to someone else now; then
 // nothing is deleted.
 func (l *Lease) Release(ctx context.Context) error {
-	n, err := l.run(ctx, "release", l.locker.replace, l.token, "", 0, 1)
+	n, err := l.run(ctx, "release", l.token, "", 0, 1)
 	if err != nil {
 		return err
 	}
@@ -445,7 +426,7 @@ func (l *Lease) Replace(ctx context.Context, state []byte, ttl time.Duration) er
 	if ttl != 0 && ttl < time.Millisecond {
 		return fmt.Errorf("lock: replace: ttl %v below 1ms", ttl)
 	}
-	n, err := l.run(ctx, "replace", l.locker.replace, l.token, string(state), ttl.Milliseconds(), 0)
+	n, err := l.run(ctx, "replace", l.token, string(state), ttl.Milliseconds(), 0)
 	if err != nil {
 		return err
 	}
@@ -461,57 +442,20 @@ func (l *Lease) value(state []byte, ttl time.Duration) string {
 	return l.token + withTTL(ttl) + string(state)
 }
 
-// Refresh sets the lease's remaining life to ttl (millisecond precision) if it
-// is still held, else returns ErrNotHeld.
-func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
-	if ttl < time.Millisecond {
-		return fmt.Errorf("lock: refresh: ttl %v below 1ms", ttl)
-	}
-	n, err := l.run(ctx, "refresh", l.locker.refresh, l.token, ttl.Milliseconds())
-	if err != nil {
-		return err
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
-}
-
-// TTL returns the lease's remaining life, or ErrNotHeld if it has expired or
-// belongs to someone else.
-func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
-	ms, err := l.run(ctx, "ttl", l.locker.ttl, l.token)
-	if err != nil {
-		return 0, err
-	}
-	if ms < 0 {
-		return 0, ErrNotHeld
-	}
-	return time.Duration(ms) * time.Millisecond, nil
-}
-
-func (l *Lease) run(ctx context.Context, op string, s *redis.Script, args ...any) (int64, error) {
+// run runs replace.lua on the lease's key with args, through the Locker's
+// pipeline, and returns its reply: 1 when the lease was still held.
+func (l *Lease) run(ctx context.Context, op string, args ...any) (int64, error) {
 	cctx, cancel := l.locker.callCtx(ctx)
 	defer cancel()
-	reply, err := l.locker.eval(cctx, s, l.key, args...)
+	cmd, err := l.locker.pipe.do(cctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
+		return l.locker.replace.EvalSha(ctx, c, []string{l.key}, args...)
+	})
 	if err != nil {
 		return 0, l.locker.wrap(ctx, op, err)
 	}
-	n, ok := reply.(int64)
+	n, ok := cmd.(*redis.Cmd).Val().(int64)
 	if !ok {
-		return 0, l.locker.wrap(ctx, op, fmt.Errorf("unexpected reply %v", reply))
+		return 0, l.locker.wrap(ctx, op, fmt.Errorf("unexpected reply %v", cmd.(*redis.Cmd).Val()))
 	}
 	return n, nil
-}
-
-// eval runs script s on key through the Locker's pipeline and returns its
-// reply, or redis.Nil for a nil reply.
-func (l *Locker) eval(ctx context.Context, s *redis.Script, key string, args ...any) (any, error) {
-	cmd, err := l.pipe.do(ctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
-		return s.EvalSha(ctx, c, []string{key}, args...)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return cmd.(*redis.Cmd).Val(), nil
 }
