@@ -193,6 +193,10 @@ func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*
 // by an older version records no TTL, and a remaining TTL longer than the one
 // recorded means Redis's clock stepped back since it was set.
 //
+// A held value that starts with this call's token is this call's own lease,
+// taken by an earlier send of the same SET whose reply was lost: the lease
+// is obtained.
+//
 // The SET and the PTTL go in one pipeline on one connection, so Redis runs
 // them back to back; should another client's command come between them all
 // the same (a delete, a new copy), the age is of the key's newer value, which
@@ -213,7 +217,14 @@ func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []by
 	case err != nil:
 		return nil, nil, 0, l.wrap(ctx, "obtain", err)
 	}
-	held, basis := parseValue(cmd.(*redis.StatusCmd).Val())
+	v := cmd.(*redis.StatusCmd).Val()
+	if strings.HasPrefix(v, lease.token) {
+		// This SET was sent again after its reply was lost (a
+		// ClusterClient resends up to MaxRedirects times), and its first
+		// send took the key.
+		return lease, nil, 0, nil
+	}
+	held, basis := parseValue(v)
 	age := time.Duration(-1)
 	if rem, err := pttl.Result(); err == nil && rem > 0 && basis > 0 && rem <= basis {
 		age = basis - rem

@@ -403,3 +403,48 @@ func TestHeldLeaseAgeAcrossTTLs(t *testing.T) {
 	require.Equal(t, []byte("s"), held)
 	require.Negative(t, age)
 }
+
+// resend is a go-redis hook that sends every command and pipeline twice and
+// keeps the second replies, as a client does that resends what it sent when
+// the reply was lost. A ClusterClient does so up to MaxRedirects times, which
+// it also spends on following MOVED and ASK.
+type resend struct{}
+
+func (resend) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (resend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		_ = next(ctx, cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (resend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		_ = next(ctx, cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// A SET NX resent after its reply was lost finds the lease its first send
+// took: Obtain knows its own token and reports the lease obtained, not held
+// by another. A resent release finds nothing to release and says so.
+func TestObtainResent(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	c.AddHook(resend{})
+	l, err := lock.New(c, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	lease, held, err := l.Obtain(ctx, "u", "k", []byte("mine"))
+	require.NoError(t, err, "the caller's own lease")
+	require.Nil(t, held)
+	_, held, err = l.Obtain(ctx, "u", "k", nil)
+	require.ErrorIs(t, err, lock.ErrNotObtained, "another caller's")
+	require.Equal(t, []byte("mine"), held)
+
+	require.NoError(t, lease.Replace(ctx, []byte("still mine"), 0))
+	require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld, "released by the first send, reported by the second")
+	require.False(t, mr.Exists(l.Key("u", "k")))
+}

@@ -78,8 +78,8 @@ func Prefix(tb testing.TB, c redis.UniversalClient) string {
 // a node's client, a dial timeout below the lock's Timeout), closed at
 // cleanup. The cluster client itself still follows MOVED and ASK and, up to
 // MaxRedirects (3) times within the lock's Timeout, resends a command whose
-// node failed: a SET NX resent after a lost reply reports the caller's own
-// lease as taken, and the guard's durable claim sorts that out.
+// node failed; the lock recognises its own lease in the reply to a SET NX
+// resent after a lost reply.
 //
 // It reloads the slot map every second. go-redis learns of a failover only
 // when a node answers MOVED or the map is reloaded (by default every 60s): a
