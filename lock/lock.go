@@ -140,19 +140,32 @@ type Locker struct {
 // New returns a Locker over client. A nil cfg gives every default. It does not
 // contact Redis.
 //
-// go-redis ignores a context's deadline unless the client's options set
-// ContextTimeoutEnabled, and Config.Timeout is such a deadline: New refuses a
-// *redis.Client or *redis.ClusterClient without it, rather than let a stalled
-// Redis hold requests for the client's ReadTimeout. The other settings the
-// lock wants, which New cannot check: MaxRetries -1 (a SET NX retried after a
-// lost reply finds its own lease and reports it taken) and a DialTimeout
-// shorter than Config.Timeout.
+// New reads the options of a *redis.Client (which NewFailoverClient also
+// returns), a *redis.ClusterClient or a *redis.Ring, and refuses two
+// settings:
+//   - ContextTimeoutEnabled false: go-redis then ignores a context's
+//     deadline, and Config.Timeout is such a deadline; a stalled Redis would
+//     hold requests for the client's ReadTimeout.
+//   - MaxRetries other than -1 (a Client or a Ring retries 3 times when it
+//     is 0; a ClusterClient does not): a command resent after its reply was
+//     lost reports the first one's effect as a failure (a lease its holder
+//     released as not held), and retries with backoff hold a request while
+//     Redis refuses connections. A ClusterClient still resends a command
+//     whose node failed, up to MaxRedirects times, which it needs to follow
+//     MOVED and ASK; Obtain knows its own lease in the reply to a resent SET.
+//
+// It does not refuse a DialTimeout of Config.Timeout or longer, nor
+// go-redis's five dials per connection: Config.Timeout bounds each call
+// whatever they are. DialerRetries: 1 makes a call fail at once when Redis
+// refuses connections rather than at its Timeout, and a DialTimeout shorter
+// than the Timeout frees sooner a call that waits on a dial already out;
+// docs/configuration.md gives the client setup.
 func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	if client == nil {
 		return nil, errors.New("lock: nil redis client")
 	}
-	if !honoursDeadlines(client) {
-		return nil, errors.New("lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout")
+	if err := checkClient(client); err != nil {
+		return nil, err
 	}
 	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
@@ -334,16 +347,30 @@ func (l *Locker) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
-// honoursDeadlines reports whether client applies context deadlines to its
-// network calls, for the client types whose options can be read.
-func honoursDeadlines(client redis.UniversalClient) bool {
+// checkClient refuses the options New refuses, for the client types whose
+// options can be read. Options() shows them as go-redis applies them: a
+// Client's or a Ring's MaxRetries of 0 reads as 3 and one of -1 as 0, and a
+// ClusterClient's 0 reads as -1.
+func checkClient(client redis.UniversalClient) error {
+	var deadlines bool
+	var retries int
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
+	case *redis.Ring:
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
+	default:
+		return nil
 	}
-	return true
+	switch {
+	case !deadlines:
+		return errors.New("lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout")
+	case retries > 0:
+		return fmt.Errorf("lock: the redis client must set MaxRetries: -1, not retry %d times (0 means go-redis's default of 3), or a command resent after a lost reply reports the first one's effect as a failure", retries)
+	}
+	return nil
 }
 
 // TryLock is Obtain in the shape idem.Config.Lock takes (idem.Locker). When

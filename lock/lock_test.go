@@ -428,7 +428,8 @@ func (resend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 
 // A SET NX resent after its reply was lost finds the lease its first send
 // took: Obtain knows its own token and reports the lease obtained, not held
-// by another. A resent release finds nothing to release and says so.
+// by another. A resent release finds nothing to release and says so, which
+// is why New refuses a client that resends on its own (MaxRetries).
 func TestObtainResent(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := testredis.Miniredis(t, mr)
@@ -447,4 +448,58 @@ func TestObtainResent(t *testing.T) {
 	require.NoError(t, lease.Replace(ctx, []byte("still mine"), 0))
 	require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld, "released by the first send, reported by the second")
 	require.False(t, mr.Exists(l.Key("u", "k")))
+}
+
+// New refuses a client that ignores context deadlines or resends commands,
+// naming the option and its value, for every client type whose options it
+// can read; a ClusterClient resends nothing by default.
+func TestClientOptions(t *testing.T) {
+	const addr = "127.0.0.1:1"
+	for _, tc := range []struct {
+		name   string
+		client func() redis.UniversalClient
+		err    string // "" when accepted
+	}{
+		{"client", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		}, ""},
+		{"client ignoring deadlines", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		}, "lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout"},
+		{"client with default retries", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		}, "lock: the redis client must set MaxRetries: -1, not retry 3 times (0 means go-redis's default of 3)"},
+		{"client with 1 retry", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: 1})
+		}, "MaxRetries: -1, not retry 1 times"},
+		{"failover client with default retries", func() redis.UniversalClient {
+			return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{addr}, ContextTimeoutEnabled: true})
+		}, "MaxRetries: -1, not retry 3 times"},
+		{"cluster client", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true})
+		}, ""},
+		{"cluster client ignoring deadlines", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+		}, "ContextTimeoutEnabled: true"},
+		{"cluster client with retries", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true, MaxRetries: 2})
+		}, "MaxRetries: -1, not retry 2 times"},
+		{"ring", func() redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, ContextTimeoutEnabled: true, MaxRetries: -1})
+		}, ""},
+		{"ring with default retries", func() redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, ContextTimeoutEnabled: true})
+		}, "MaxRetries: -1, not retry 3 times"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client()
+			defer c.Close()
+			_, err := lock.New(c, nil)
+			if tc.err == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.err)
+		})
+	}
 }

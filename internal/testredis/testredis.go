@@ -37,12 +37,13 @@ func Addr() string {
 	return DefaultAddr
 }
 
-// Client returns a client of the real Redis at Addr, closed at cleanup. When
-// Redis does not answer, the test fails if CI=true and is skipped otherwise,
-// with a hint on how to start it.
+// Client returns a client of the real Redis at Addr, configured as the lock
+// wants a client (context deadlines honoured, no client-side retries),
+// closed at cleanup. When Redis does not answer, the test fails if CI=true
+// and is skipped otherwise, with a hint on how to start it.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(), ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
