@@ -30,8 +30,9 @@
 // one Redis Cluster hash slot (the digest is the hash tag).
 //
 // The package takes a [redis.UniversalClient], so a single node, Redis Cluster,
-// Sentinel and miniredis all work unchanged. It needs Redis 7.0 or later (SET
-// with both NX and GET).
+// Sentinel and miniredis all work unchanged, over a client that honours
+// context deadlines and does not retry ([New] refuses one that does not). It
+// needs Redis 7.0 or later (SET with both NX and GET).
 //
 // A lease is not a guarantee of mutual exclusion on its own: it expires after
 // its TTL whether or not the holder is done, and Redis can lose it (failover,
@@ -189,7 +190,9 @@ func (l *Locker) Key(scope, key string) string {
 // Obtain takes the lease of (scope, key) with state as its value, in one
 // round trip, and never waits for a held lease: the caller decides what a busy
 // key means. When another caller holds the key, Obtain returns the state that
-// caller wrote (nil for a lease written without state) and ErrNotObtained.
+// caller wrote (nil for a lease written without state) and ErrNotObtained; a
+// SET the client sent again after losing its reply, which finds the lease
+// its first send took, obtains it.
 //
 // Errors: ErrNotObtained when the key is held; ErrUnavailable (wrapped with
 // the cause) when Redis did not answer within the Timeout; the context's own
