@@ -202,8 +202,8 @@ func badCatalogue() []badCase {
 		}, 2},
 
 		// --- the body ---
-		{"body at the 1 MiB limit", one(step{user: "u", keys: []string{"{K}"}, body: strings.Repeat("b", idem.DefaultMaxRequestBody), status: ok}), 1},
-		{"body 1 MiB + 1", one(step{user: "u", keys: []string{"{K}"}, body: strings.Repeat("b", idem.DefaultMaxRequestBody+1), status: http.StatusRequestEntityTooLarge, slug: idem.ProblemBodyTooLarge}), 0},
+		{"body at the 1 MiB limit", one(step{user: "u", keys: []string{"{K}"}, body: strings.Repeat("b", idem.DefaultMaxBody), status: ok}), 1},
+		{"body 1 MiB + 1", one(step{user: "u", keys: []string{"{K}"}, body: strings.Repeat("b", idem.DefaultMaxBody+1), status: http.StatusRequestEntityTooLarge, slug: idem.ProblemBodyTooLarge}), 0},
 		{"body 8 MiB chunked, no length", func(k string) []step {
 			return []step{{user: "u", keys: []string{k}, reader: io.LimitReader(zeros{}, 8<<20),
 				status: http.StatusRequestEntityTooLarge, slug: idem.ProblemBodyTooLarge}}
@@ -341,7 +341,7 @@ func TestBadInputCatalogue(t *testing.T) {
 						a := badSend(t, srv, s)
 						require.Equal(t, s.status, a.status, "step %d: %s", i, a.body)
 						if s.slug != "" {
-							require.Equal(t, idem.DefaultProblemBase+s.slug, a.problem(t).Type, "step %d", i)
+							require.Equal(t, idem.ProblemBase+s.slug, a.problem(t).Type, "step %d", i)
 						}
 						if s.replay {
 							require.Equal(t, "true", a.header.Get(idem.HeaderReplayed), "step %d", i)

@@ -99,12 +99,13 @@ func TestCacheCountsTheKeysLifeFromTheDatabase(t *testing.T) {
 			rec := Record{
 				Scope: "u", Key: "k", Fingerprint: fp,
 				Answer: &Response{Status: 201, Header: http.Header{}, Body: []byte("x")},
-				// One minute of the 24 h retention left, on a database clock
-				// that is skew ahead of the host's.
-				CreatedAt: time.Now().Add(skew).Add(-24*time.Hour + time.Minute),
-				TTL:       time.Minute,
+				// Thirty seconds of the 24 h retention left (less than the
+				// cache's minute), on a database clock that is skew ahead
+				// of the host's.
+				CreatedAt: time.Now().Add(skew).Add(-24*time.Hour + 30*time.Second),
+				TTL:       30 * time.Second,
 			}
-			g, err := New(answeredStore{rec}, &Config{CacheSize: 8, CacheTTL: time.Hour})
+			g, err := New(answeredStore{rec}, &Config{CacheSize: 8})
 			require.NoError(t, err)
 			rq := Request{Scope: "u", Key: "k", Fingerprint: fp}
 			_, out, err := g.Do(context.Background(), rq, func(context.Context) (Response, error) {
@@ -114,8 +115,8 @@ func TestCacheCountsTheKeysLifeFromTheDatabase(t *testing.T) {
 			require.Equal(t, OutcomeReplayed, out)
 			e, ok := g.cache.get(rq)
 			require.True(t, ok)
-			require.False(t, e.expires.After(time.Now().Add(time.Minute)),
-				"the entry outlives the key's remaining minute by %v", time.Until(e.expires)-time.Minute)
+			require.False(t, e.expires.After(time.Now().Add(30*time.Second)),
+				"the entry outlives the key's remaining 30s by %v", time.Until(e.expires)-30*time.Second)
 		})
 	}
 }

@@ -24,7 +24,7 @@ var errNotStorable = errors.New("idem: answer streamed, hijacked or too large to
 type recorder struct {
 	w        http.ResponseWriter
 	allow    []string
-	max      int
+	max      int64
 	status   int
 	header   http.Header // the allowlisted headers, as stored
 	body     bytes.Buffer
@@ -60,7 +60,7 @@ func (rc *recorder) Write(p []byte) (int, error) {
 	if rc.passing {
 		return rc.w.Write(p)
 	}
-	if rc.body.Len()+len(p) > rc.max {
+	if int64(rc.body.Len()+len(p)) > rc.max {
 		rc.overflow = true
 		rc.pass()
 		return rc.w.Write(p)

@@ -23,12 +23,15 @@ type classifyCase struct {
 	err     error
 	slug    string
 	status  int
-	hint    func(RetryHints) time.Duration // the hint RetryAfter jitters; nil: no RetryAfter
+	hint    time.Duration // the base RetryAfter jitters; 0: no RetryAfter
 }
 
-func inProgressHint(h RetryHints) time.Duration  { return h.InProgress }
-func pendingHint(h RetryHints) time.Duration     { return h.Pending }
-func unavailableHint(h RetryHints) time.Duration { return h.Unavailable }
+// The documented bases of Decision.RetryAfter.
+const (
+	inProgressHint  = time.Second
+	pendingHint     = 30 * time.Second
+	unavailableHint = 2 * time.Second
+)
 
 // classifyCases are every Outcome with every error Do returns with it, in
 // the shapes Do wraps them in, and the errors of what comes before Do.
@@ -76,72 +79,55 @@ func classifyCases() []classifyCase {
 }
 
 // requireJittered requires got to be the jitter of hint: whole seconds from
-// hint (rounded up) to hint + max(1s, hint/5); 0 for a negative hint.
+// hint (rounded up) to hint + max(1s, hint/5).
 func requireJittered(t *testing.T, hint, got time.Duration) {
 	t.Helper()
-	if hint < 0 {
-		require.Zero(t, got, "a negative hint sends no Retry-After")
-		return
-	}
 	require.Zero(t, got%time.Second, "whole seconds: %v", got)
 	secs := int64((hint + time.Second - 1) / time.Second)
 	require.GreaterOrEqual(t, int64(got/time.Second), secs, "never below the hint %v", hint)
 	require.LessOrEqual(t, int64(got/time.Second), secs+(secs+4)/5, "never past the hint %v by more than the jitter", hint)
 }
 
-var hintSets = map[string]RetryHints{
-	"defaults": {},
-	"custom":   {InProgress: 1500 * time.Millisecond, Pending: 5 * time.Minute, Unavailable: 10 * time.Second},
-	"none":     {InProgress: -1, Pending: -1, Unavailable: -1},
-}
-
 func TestClassify(t *testing.T) {
-	for hname, hints := range hintSets {
-		for _, tc := range classifyCases() {
-			t.Run(hname+"/"+tc.name, func(t *testing.T) {
-				d := Classify(tc.outcome, tc.err, hints)
-				require.Equal(t, tc.slug, d.Slug)
-				require.Equal(t, tc.status, d.Status)
-				if tc.hint == nil {
-					require.Zero(t, d.RetryAfter)
-					return
-				}
-				requireJittered(t, tc.hint(hints.withDefaults()), d.RetryAfter)
-			})
-		}
+	for _, tc := range classifyCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Classify(tc.outcome, tc.err)
+			require.Equal(t, tc.slug, d.Slug)
+			require.Equal(t, tc.status, d.Status)
+			if tc.hint == 0 {
+				require.Zero(t, d.RetryAfter)
+				return
+			}
+			requireJittered(t, tc.hint, d.RetryAfter)
+		})
 	}
-	// The defaults, as documented.
-	require.Equal(t, RetryHints{InProgress: time.Second, Pending: 30 * time.Second, Unavailable: 2 * time.Second},
-		RetryHints{}.withDefaults())
 }
 
 // The middleware refuses as Classify decides: the status, the type and the
 // Retry-After of every refusal are Classify's.
 func TestMiddlewareAgreesWithClassify(t *testing.T) {
 	g := &Guard{log: slog.New(slog.DiscardHandler)}
-	for hname, hints := range hintSets {
-		m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, &MiddlewareConfig{RetryHints: hints})(nil).(*middleware)
-		for _, tc := range classifyCases() {
-			if tc.slug == "" {
-				continue // answered: the middleware sends the answer
-			}
-			t.Run(hname+"/"+tc.name, func(t *testing.T) {
-				w := httptest.NewRecorder()
-				m.refuse(w, httptest.NewRequest(http.MethodPost, "/orders", nil), tc.outcome, tc.err)
-				d := Classify(tc.outcome, tc.err, hints)
-				require.Equal(t, d.Status, w.Code)
-				var p Problem
-				require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
-				require.Equal(t, DefaultProblemBase+d.Slug, p.Type)
-				require.Equal(t, d.Status, p.Status)
-				if tc.hint == nil || tc.hint(hints) < 0 {
-					require.Empty(t, w.Header().Values("Retry-After"))
-					return
-				}
-				secs, err := strconv.Atoi(w.Header().Get("Retry-After"))
-				require.NoError(t, err)
-				requireJittered(t, tc.hint(hints.withDefaults()), time.Duration(secs)*time.Second)
-			})
+	m := g.Middleware(func(*http.Request) (string, bool) { return "u", true }, nil)(nil).(*middleware)
+	for _, tc := range classifyCases() {
+		if tc.slug == "" {
+			continue // answered: the middleware sends the answer
 		}
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			m.refuse(w, httptest.NewRequest(http.MethodPost, "/orders", nil), tc.outcome, tc.err)
+			d := Classify(tc.outcome, tc.err)
+			require.Equal(t, d.Status, w.Code)
+			var p Problem
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+			require.Equal(t, ProblemBase+d.Slug, p.Type)
+			require.Equal(t, d.Status, p.Status)
+			if tc.hint == 0 {
+				require.Empty(t, w.Header().Values("Retry-After"))
+				return
+			}
+			secs, err := strconv.Atoi(w.Header().Get("Retry-After"))
+			require.NoError(t, err)
+			requireJittered(t, tc.hint, time.Duration(secs)*time.Second)
+		})
 	}
 }

@@ -32,7 +32,7 @@ func TestDatabaseClockSteps(t *testing.T) {
 	g, err := idem.New(store, &idem.Config{Logger: quietLogger()})
 	require.NoError(t, err)
 	var resolved int
-	rec, err := reconcile.New(g, store, pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+	rec, err := reconcile.New(g, store, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 		resolved++
 		return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil // as a lookup finds no charge yet
 	}, nil)

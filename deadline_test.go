@@ -93,8 +93,10 @@ func TestCallDeadlines(t *testing.T) {
 	})
 }
 
-// A caller's deadline earlier than StoreTimeout bounds the claim and the
-// work, as context.WithDeadline would.
+// A caller's deadline earlier than StoreTimeout bounds the claim, as
+// context.WithDeadline would; the work runs to its own WorkTimeout from the
+// claim, which the caller's deadline does not shorten (a charge under way
+// is not cut off), and the answer's write has a StoreTimeout of its own.
 func TestCallerDeadlineFirst(t *testing.T) {
 	spy := &deadlineSpy{}
 	b := setup(t, "table", func(o *setupOpts) {
@@ -111,7 +113,8 @@ func TestCallerDeadlineFirst(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out)
 	require.Equal(t, caller, spy.claims[0].deadline)
-	require.Equal(t, caller, work)
+	require.InDelta(t, float64(20*time.Second), float64(work.Sub(spy.claims[0].at)), float64(250*time.Millisecond),
+		"the work's deadline is WorkTimeout from the claim, not the caller's")
 	require.InDelta(t, float64(5*time.Second), float64(spy.completes[0].deadline.Sub(spy.completes[0].at)), float64(250*time.Millisecond),
 		"the write is detached from the caller: StoreTimeout")
 }

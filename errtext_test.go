@@ -89,8 +89,8 @@ func TestErrorsReadAsOneLine(t *testing.T) {
 	_, _, err = pgGuard.Do(ctx, req, work)
 	require.ErrorIs(t, err, idem.ErrUnavailable)
 	requireOneLine(t, "postgres down", err)
-	requireOneLine(t, "durable config", (&durable.Config{Table: "Bad-Name"}).Validate())
-	_, err = reconcile.New(nil, pg, dead, nil, nil)
+	requireOneLine(t, "durable config", (&durable.Config{Schema: "Bad-Name"}).Validate())
+	_, err = reconcile.New(nil, pg, nil, nil)
 	requireOneLine(t, "reconcile config", err)
 
 	mr := miniredis.RunT(t)

@@ -182,7 +182,7 @@ type docsMessage struct {
 // consume is a queue consumer in front of a payment: Do's outcome and
 // idem.Classify's Decision say what happened, and what to do with the
 // message; no HTTP status is involved.
-func consume(ctx context.Context, guard *idem.Guard, hints idem.RetryHints, msg docsMessage) string {
+func consume(ctx context.Context, guard *idem.Guard, msg docsMessage) string {
 	pay := func(ctx context.Context, msg docsMessage) (idem.Response, error) {
 		return idem.Response{Status: msg.status, Body: []byte("paid")}, nil
 	}
@@ -199,7 +199,7 @@ func consume(ctx context.Context, guard *idem.Guard, hints idem.RetryHints, msg 
 	resp, outcome, err := guard.Do(ctx, req, func(ctx context.Context) (idem.Response, error) {
 		return pay(ctx, msg) // runs at most once per (tenant, message id)
 	})
-	d := idem.Classify(outcome, err, hints) // hints: pgidem's Service.RetryHints(), the reconciler's pace
+	d := idem.Classify(outcome, err)
 	switch d.Slug {
 	case "": // the work ran, or the answer of the first execution is replayed
 		if outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed {
@@ -222,23 +222,20 @@ func ExampleGuard_Do_outcomes() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// A pgidem Service derives them from the reconciler's pace; the
-	// defaults here.
-	hints := idem.RetryHints{}
 	ok := docsMessage{Tenant: "tenant-7", ID: "msg-1", Topic: "invoice.pay", Body: []byte(`{"amount":4200}`), status: 200}
-	fmt.Println(consume(ctx, guard, hints, ok))
-	fmt.Println(consume(ctx, guard, hints, ok)) // redelivered
+	fmt.Println(consume(ctx, guard, ok))
+	fmt.Println(consume(ctx, guard, ok)) // redelivered
 	other := ok
 	other.Body = []byte(`{"amount":9900}`)
-	fmt.Println(consume(ctx, guard, hints, other))
+	fmt.Println(consume(ctx, guard, other))
 
 	timeout := docsMessage{Tenant: "tenant-7", ID: "msg-2", Topic: "invoice.pay", Body: []byte(`{"amount":100}`), status: 504}
-	fmt.Println(consume(ctx, guard, hints, timeout))
-	fmt.Println(consume(ctx, guard, hints, timeout))
+	fmt.Println(consume(ctx, guard, timeout))
+	fmt.Println(consume(ctx, guard, timeout))
 	store.Age("tenant-7", "msg-2", guard.MaxHold()+time.Second) // no request can still be running
-	fmt.Println(consume(ctx, guard, hints, timeout))
+	fmt.Println(consume(ctx, guard, timeout))
 
-	fmt.Println(consume(ctx, guard, hints, docsMessage{ID: "msg-3", Topic: "invoice.pay", status: 200}))
+	fmt.Println(consume(ctx, guard, docsMessage{ID: "msg-3", Topic: "invoice.pay", status: 200}))
 	// Output:
 	// ack 200 paid
 	// ack 200 paid
@@ -361,17 +358,16 @@ func ExampleMiddlewareConfig_wait() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	listener, err := durable.NewListener(ctx, store, pool) // one LISTEN connection per process
+	listener, err := durable.NewListener(ctx, store) // one LISTEN connection per process
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer listener.Close()
-	guard, err := idem.New(store, &idem.Config{Waiter: listener})
+	guard, err := idem.New(store, &idem.Config{Waiter: listener, Wait: 5 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux.Handle("POST /orders", guard.Middleware(scope, &idem.MiddlewareConfig{Wait: 5 * time.Second})(http.HandlerFunc(createOrder)))
-	// or, in the core: guard.Do(ctx, req, work, idem.WaitFor(5*time.Second))
+	mux.Handle("POST /orders", guard.Middleware(scope, nil)(http.HandlerFunc(createOrder)))
 
 	srv := httptest.NewServer(authenticate(mux))
 	defer srv.Close()

@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -168,16 +167,15 @@ func ExampleGuard_Do() {
 // acknowledge what was answered, dead-letter what no redelivery can change,
 // and redeliver the rest, after RetryAfter when the guard refused it.
 func ExampleClassify() {
-	hints := idem.RetryHints{Pending: 5 * time.Minute} // the reconciler's pace
 	handle := func(outcome idem.Outcome, err error) string {
-		d := idem.Classify(outcome, err, hints)
+		d := idem.Classify(outcome, err)
 		switch {
 		case outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed:
 			return "ack"
 		case d.Slug == "":
 			return "redeliver now" // the work ran: its answer is not stored, or it released the key
 		case d.RetryAfter > 0:
-			// broker.Nack(msg, d.RetryAfter): 1-2s in progress, 5-6m pending, 2-3s unavailable
+			// broker.Nack(msg, d.RetryAfter): 1-2s in progress, 30-36s pending, 2-3s unavailable
 			return "redeliver after RetryAfter, " + d.Slug
 		}
 		return "dead letter, " + d.Slug // the sender's bug: no redelivery changes it

@@ -66,12 +66,12 @@ const overrunGrace = time.Second
 // run runs the work under the claim, with a context that carries the
 // execution and ends WorkTimeout from now, and records what it answered.
 func (x *execution) run(ctx context.Context, work Work) (Response, Outcome, error) {
-	parent := ctx
-	if x.g.detach {
-		parent = context.WithoutCancel(ctx)
-	}
+	// The caller's cancellation (a client hanging up) does not reach the
+	// work: a charge in flight finishes and its answer is stored, instead
+	// of ending as an unknown outcome that waits for reconciliation. The
+	// work keeps the caller's values and ends WorkTimeout after the claim.
 	x.claimed = time.Now()
-	wctx, cancel := context.WithDeadline(context.WithValue(parent, executionKey{}, x), x.claimed.Add(x.g.workTimeout))
+	wctx, cancel := context.WithDeadline(context.WithValue(context.WithoutCancel(ctx), executionKey{}, x), x.claimed.Add(x.g.workTimeout))
 	returned := false
 	defer func() {
 		if !returned {

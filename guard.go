@@ -80,7 +80,7 @@ type Locker interface {
 }
 
 // Waiter wakes a request that waits for a key's answer instead of being
-// refused with 409 (see WaitFor). *durable.Listener implements it, over
+// refused with 409 (see Config.Wait). *durable.Listener implements it, over
 // PostgreSQL LISTEN/NOTIFY.
 type Waiter interface {
 	// Subscribe returns a channel that receives when the answer of (scope,
@@ -101,14 +101,8 @@ type Config struct {
 	// with StoreTimeout it bounds how long a request keeps its key in
 	// progress (see Guard.MaxHold). The lease of the hybrid strategy may
 	// end before the work does: retries then reach the durable claim,
-	// which still refuses them. Defaults to 20s; must be positive.
+	// which still refuses them. Defaults to 20s.
 	WorkTimeout time.Duration
-	// DetachWork runs the work with a context that the caller's cancellation
-	// (a client hanging up) does not reach; it keeps the caller's values and
-	// the WorkTimeout deadline. A charge in flight then finishes and its
-	// answer is stored, instead of ending as an unknown outcome that needs
-	// reconciliation. Defaults to false.
-	DetachWork bool
 	// StoreTimeout bounds each call to the store. The calls made after the
 	// work (storing its answer, releasing its key) run even if the caller's
 	// context is cancelled, so a client that hangs up does not lose the
@@ -146,34 +140,37 @@ type Config struct {
 	// has no link, nor has the replay of an answer stored by Settle. Defaults to nil: no span and no cost.
 	TracerProvider trace.TracerProvider
 	// CacheSize, when positive, keeps up to that many finished answers in an
-	// in-process LRU, so that a retry storm on a hot key is replayed (or
-	// refused with ErrKeyReused) without any round trip. In-progress state is
-	// never cached, and an entry never outlives its key's retention in the
-	// store. Defaults to 0: no cache.
+	// in-process LRU for up to a minute, so that a retry storm on a hot key
+	// is replayed (or refused with ErrKeyReused) without any round trip.
+	// In-progress state is never cached, and an entry never outlives its
+	// key's retention in the store. Defaults to 0: no cache.
 	//
 	// WARNING: an answer deleted from the store by hand is still replayed by
-	// every instance that cached it, for up to CacheTTL.
+	// every instance that cached it, for up to a minute.
 	CacheSize int
-	// CacheTTL bounds how long an answer stays in the cache. Defaults to 1m.
-	CacheTTL time.Duration
-	// Waiter, when set, lets requests that find their key in progress wait
-	// for its answer (WaitFor, MiddlewareConfig.Wait) instead of being
-	// refused with 409. The store must announce answers
-	// (durable.Config.Notify) on every instance. Defaults to nil: no request
-	// waits.
+	// Waiter wakes the requests that wait for a running key's answer (see
+	// Wait). *durable.Listener is one; the store must announce answers
+	// (durable.Config.Notify) on every instance. Defaults to nil.
 	Waiter Waiter
-	// MaxWaiters bounds how many requests wait at once on this Guard, so
-	// that a retry storm on a slow key cannot pile up; past it a request is
-	// refused with 409 at once, as without waiting. Waiters hold no
-	// database connection. Defaults to 1024.
-	MaxWaiters int
+	// Wait lets a retry that finds its key running wait up to Wait for the
+	// answer, woken by the Waiter, and replay it instead of being refused
+	// with ErrInProgress (409); if the key is released meanwhile, the retry
+	// runs the work itself. A key waiting for reconciliation (ErrPending) is
+	// never waited for, and at most 1024 requests wait at once on a Guard
+	// (the others are refused at once). Waiters hold no database connection.
+	// It needs a Waiter and must be shorter than MaxHold; keep it below the
+	// client's own timeout. Defaults to 0: no request waits.
+	Wait time.Duration
 }
 
 const (
 	defaultStoreTimeout = 5 * time.Second
 	defaultWorkTimeout  = 20 * time.Second
-	defaultCacheTTL     = time.Minute
-	defaultMaxWaiters   = 1024
+	// cacheTTL bounds how long an answer stays in the cache (CacheSize).
+	cacheTTL = time.Minute
+	// maxWaiters bounds how many requests wait at once on a Guard (Wait),
+	// so that a retry storm on a slow key cannot pile up.
+	maxWaiters = 1024
 )
 
 // Guard runs work at most once per (scope, key). It is safe for concurrent use
@@ -182,15 +179,16 @@ type Guard struct {
 	store        Store
 	lock         Locker
 	workTimeout  time.Duration
-	detach       bool
 	storeTimeout time.Duration
 	log          *slog.Logger
-	retention    time.Duration // the store's: bounds cache entries and MaxHold
-	cache        *answerCache  // nil without Config.CacheSize
+	meter        metric.MeterProvider // Config.MeterProvider, for the parts built around the Guard
+	retention    time.Duration        // the store's: bounds cache entries and MaxHold
+	cache        *answerCache         // nil without Config.CacheSize
 	tel          telemetry
 	traces       *tracing // nil without Config.TracerProvider
 	waiter       Waiter
-	maxWaiters   int64
+	wait         time.Duration // how long a retry of a running key waits; 0 with no Waiter
+	maxWaiters   int64         // maxWaiters; the tests change it (export_test.go)
 	waiting      atomic.Int64
 	redis        redisBreaker // hybrid: a recent failure of the lease service
 	repeats      repeatLog    // which store failures are logged
@@ -198,9 +196,11 @@ type Guard struct {
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
-// default. Invalid fields are reported by name, and so is a store whose
-// retention is not longer than the guard's MaxHold: a key could then expire,
-// and be claimed again, while its first execution still runs.
+// default. As in every Config of idem's packages, a zero field takes its
+// default and a negative one is refused. Invalid fields are reported by
+// name, and so is a store whose retention is not longer than the guard's
+// MaxHold: a key could then expire, and be claimed again, while its first
+// execution still runs.
 func New(store Store, cfg *Config) (*Guard, error) {
 	if store == nil {
 		return nil, errors.New("idem: nil store")
@@ -209,53 +209,50 @@ func New(store Store, cfg *Config) (*Guard, error) {
 	if cfg != nil {
 		c = *cfg
 	}
+	for _, f := range []struct {
+		name     string
+		negative bool
+		v        any
+	}{{"StoreTimeout", c.StoreTimeout < 0, c.StoreTimeout}, {"WorkTimeout", c.WorkTimeout < 0, c.WorkTimeout},
+		{"CacheSize", c.CacheSize < 0, c.CacheSize}, {"Wait", c.Wait < 0, c.Wait}} {
+		if f.negative {
+			return nil, fmt.Errorf("idem: Config.%s must not be negative, got %v", f.name, f.v)
+		}
+	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = defaultStoreTimeout
-	}
-	if c.StoreTimeout < 0 {
-		return nil, fmt.Errorf("idem: Config.StoreTimeout %v must be positive", c.StoreTimeout)
 	}
 	if c.WorkTimeout == 0 {
 		c.WorkTimeout = defaultWorkTimeout
 	}
-	if c.WorkTimeout < 0 {
-		return nil, fmt.Errorf("idem: Config.WorkTimeout %v must be positive", c.WorkTimeout)
-	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.CacheSize < 0 {
-		return nil, fmt.Errorf("idem: Config.CacheSize %d must not be negative", c.CacheSize)
-	}
-	if c.CacheTTL < 0 {
-		return nil, fmt.Errorf("idem: Config.CacheTTL %v must not be negative", c.CacheTTL)
-	}
-	if c.CacheTTL == 0 {
-		c.CacheTTL = defaultCacheTTL
-	}
-	if c.MaxWaiters < 0 {
-		return nil, fmt.Errorf("idem: Config.MaxWaiters %d must not be negative", c.MaxWaiters)
-	}
-	if c.MaxWaiters == 0 {
-		c.MaxWaiters = defaultMaxWaiters
 	}
 	g := &Guard{
 		store:        store,
 		lock:         c.Lock,
 		workTimeout:  c.WorkTimeout,
-		detach:       c.DetachWork,
 		storeTimeout: c.StoreTimeout,
 		log:          c.Logger,
+		meter:        c.MeterProvider,
 		retention:    store.Retention(),
 		waiter:       c.Waiter,
-		maxWaiters:   int64(c.MaxWaiters),
+		wait:         c.Wait,
+		maxWaiters:   maxWaiters,
 	}
-	if hold := g.MaxHold(); g.retention <= hold {
+	hold := g.MaxHold()
+	if g.retention <= hold {
 		return nil, fmt.Errorf("idem: the store's retention %v must be longer than the Guard's MaxHold %v (Config.WorkTimeout %v + store calls), or a running key could expire and be claimed again",
 			g.retention, hold, c.WorkTimeout)
 	}
+	switch {
+	case c.Wait > 0 && c.Waiter == nil:
+		return nil, fmt.Errorf("idem: Config.Wait %v needs a Config.Waiter: without one no request waits, and every retry of a running key is refused at once", c.Wait)
+	case c.Wait >= hold:
+		return nil, fmt.Errorf("idem: Config.Wait %v must be shorter than the Guard's MaxHold %v: past it the key waits for reconciliation, which no retry waits for", c.Wait, hold)
+	}
 	if c.CacheSize > 0 {
-		g.cache = newAnswerCache(c.CacheSize, c.CacheTTL)
+		g.cache = newAnswerCache(c.CacheSize, cacheTTL)
 	}
 	if err := g.tel.init(c.MeterProvider); err != nil {
 		return nil, fmt.Errorf("idem: Config.MeterProvider: %w", err)
@@ -269,6 +266,11 @@ func New(store Store, cfg *Config) (*Guard, error) {
 // one logger of the parts built around the Guard (the reconciler, grpcidem's
 // interceptor, and what pgidem wires).
 func (g *Guard) Logger() *slog.Logger { return g.log }
+
+// MeterProvider returns the Guard's Config.MeterProvider (nil when unset):
+// the one provider of the parts built around the Guard (the reconciler, and
+// what pgidem wires).
+func (g *Guard) MeterProvider() metric.MeterProvider { return g.meter }
 
 // Strategy reports how the guard decides who runs: "table" (the durable
 // claim alone) or "hybrid" (a lease, Config.Lock, filters retries before the
@@ -301,10 +303,13 @@ func (g *Guard) Strategy() string {
 //   - OutcomeNone: the work did not run; err wraps ErrUnavailable or
 //     ErrInvalidRequest, or is the context's error.
 //
+// A retry that finds its key running waits for the answer when Config.Wait
+// is set (see there) and is refused with ErrInProgress otherwise.
+//
 // If work panics, the key stays in progress (the panic may have come after
 // a side effect) unless the work called MarkRetrySafe first, and the panic
 // continues.
-func (g *Guard) Do(ctx context.Context, req Request, work Work, opts ...DoOption) (Response, Outcome, error) {
+func (g *Guard) Do(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	if err := req.validate(); err != nil {
 		return Response{}, OutcomeNone, err
 	}
@@ -313,61 +318,21 @@ func (g *Guard) Do(ctx context.Context, req Request, work Work, opts ...DoOption
 	}
 	if g.traces != nil {
 		ctx, span, h := g.traces.start(ctx, req)
-		resp, out, err := g.doWait(ctx, req, work, opts)
+		resp, out, err := g.doWait(ctx, req, work)
 		g.traces.end(span, h, out, err)
 		return resp, out, err
 	}
-	return g.doWait(ctx, req, work, opts)
+	return g.doWait(ctx, req, work)
 }
 
-// doWait is Do once the request is checked: one decision, then a wait if
-// asked for.
-func (g *Guard) doWait(ctx context.Context, req Request, work Work, opts []DoOption) (Response, Outcome, error) {
+// doWait is Do once the request is checked: one decision, then a wait for a
+// running key's answer when the Guard waits.
+func (g *Guard) doWait(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	resp, out, err := g.do(ctx, req, work)
-	if out == OutcomeInProgress && len(opts) > 0 && g.waiter != nil && !errors.Is(err, ErrPending) {
-		if o := collect(opts); o.wait > 0 {
-			return g.wait(ctx, req, work, o.wait, err)
-		}
+	if out == OutcomeInProgress && g.wait > 0 && !errors.Is(err, ErrPending) {
+		return g.waitFor(ctx, req, work, err)
 	}
 	return resp, out, err
-}
-
-// DoOption changes how one call of Do behaves.
-type DoOption func(*doOptions)
-
-type doOptions struct {
-	wait time.Duration
-}
-
-// collect applies opts; it is called only when they matter, since the
-// options escape to the heap.
-func collect(opts []DoOption) doOptions {
-	var o doOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
-}
-
-// WaitFor lets a request that finds its key in progress wait up to d for the
-// running request's answer, woken by the Guard's Waiter (Config.Waiter), and
-// replay it; if the key is released meanwhile, the request runs the work
-// itself. After d, or when Config.MaxWaiters requests already wait, it is
-// refused with ErrInProgress as without waiting. A key waiting for
-// reconciliation (ErrPending) is never waited for. Without a Waiter, WaitFor
-// does nothing: check the Guard with CheckOptions where it is set up.
-func WaitFor(d time.Duration) DoOption { return func(o *doOptions) { o.wait = d } }
-
-// CheckOptions reports an error when opts cannot do on g what they say: a
-// WaitFor with a positive bound on a Guard without Config.Waiter, which would
-// refuse every retry of a running key at once instead of waiting. Transports
-// check their options with it when they are built (the HTTP middleware's
-// MiddlewareConfig.Wait, grpcidem's WithWait); so can a queue consumer.
-func (g *Guard) CheckOptions(opts ...DoOption) error {
-	if o := collect(opts); o.wait > 0 && g.waiter == nil {
-		return fmt.Errorf("idem: waiting up to %v (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once", o.wait)
-	}
-	return nil
 }
 
 // do is one decision: the cache, then the strategy.
@@ -389,10 +354,11 @@ func (g *Guard) do(ctx context.Context, req Request, work Work) (Response, Outco
 	return g.claimAndRun(ctx, req, work, nil)
 }
 
-// wait subscribes to the key, then decides again after every wake-up until
-// the key is no longer running, d has passed or ctx has ended. Subscribing
-// before deciding again means no announcement can fall between the two.
-func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duration, refusal error) (Response, Outcome, error) {
+// waitFor subscribes to the key, then decides again after every wake-up until
+// the key is no longer running, Config.Wait has passed or ctx has ended.
+// Subscribing before deciding again means no announcement can fall between
+// the two.
+func (g *Guard) waitFor(ctx context.Context, req Request, work Work, refusal error) (Response, Outcome, error) {
 	if g.waiting.Add(1) > g.maxWaiters {
 		g.waiting.Add(-1)
 		g.tel.add(ctx, evWaitRefused)
@@ -401,7 +367,7 @@ func (g *Guard) wait(ctx context.Context, req Request, work Work, d time.Duratio
 	defer g.waiting.Add(-1)
 	wake, cancel := g.waiter.Subscribe(req.Scope, req.Key)
 	defer cancel()
-	timer := time.NewTimer(d)
+	timer := time.NewTimer(g.wait)
 	defer timer.Stop()
 	for {
 		// The row, not the lease: an answer's copy reaches Redis only after

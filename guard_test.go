@@ -64,7 +64,7 @@ func setup(t *testing.T, strategy string, opts ...func(*setupOpts)) bundle {
 	store, pool := testdb.Store(t, &durable.Config{Notify: o.wait})
 	b := bundle{store: store, pool: pool}
 	if o.wait {
-		l, err := durable.NewListener(t.Context(), store, pool)
+		l, err := durable.NewListener(t.Context(), store)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close() })
 		o.cfg.Waiter = l

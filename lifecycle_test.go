@@ -102,7 +102,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 				ctx := t.Context()
 				var c checkout
 				var down atomic.Bool
-				rec, err := reconcile.New(b.guard, b.store, b.pool, c.resolve(&down), nil)
+				rec, err := reconcile.New(b.guard, b.store, c.resolve(&down), nil)
 				require.NoError(t, err)
 				r := req("u", newKey(), `{"hold_ids":[7],"payment_method":"pm_timeout"}`)
 				var finals []idem.Response
@@ -150,7 +150,7 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 					for range 3 {
 						ageKey(t, b.pool, b.store, r.Key, "10 hours")
 						retry()
-						sw, err := durable.NewSweeper(b.store, b.pool, nil)
+						sw, err := durable.NewSweeper(b.store)
 						require.NoError(t, err)
 						n, err := sw.SweepOnce(ctx)
 						require.NoError(t, err)
@@ -187,7 +187,7 @@ func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 		require.NoError(t, err)
 		ctx := t.Context()
 		var resolved atomic.Int32
-		rec, err := reconcile.New(short, b.store, b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+		rec, err := reconcile.New(short, b.store, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			resolved.Add(1)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil // as a lookup finds no charge yet
 		}, &reconcile.Config{MinAge: short.MaxHold() + 100*time.Millisecond})
@@ -274,7 +274,7 @@ func TestReleaseKeepsTheIntent(t *testing.T) {
 		require.Equal(t, idem.OutcomeExecutedUnstored, out)
 		// A reconciler finds nothing happened and releases the attempt.
 		var items []reconcile.Item
-		rec, err := reconcile.New(b.guard, b.store, b.pool, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
+		rec, err := reconcile.New(b.guard, b.store, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
 			items = append(items, it)
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 		}, nil)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"time"
 )
 
 // ScopeFunc returns the authenticated caller of r (for example the user id
@@ -23,23 +22,18 @@ import (
 type ScopeFunc func(r *http.Request) (scope string, ok bool)
 
 // MiddlewareConfig tunes [Guard.Middleware]. A nil *MiddlewareConfig is
-// valid: every default. A zero field takes its default; a negative size or
-// Wait makes Middleware panic, naming the field.
+// valid: every default. A zero field takes its default; a negative MaxBody
+// makes Middleware panic, naming it.
 type MiddlewareConfig struct {
-	// Methods are the methods that are guarded; others pass through
-	// untouched. Defaults to POST and PATCH.
-	Methods []string
 	// OptionalKey lets requests without an Idempotency-Key header through,
 	// unguarded. Defaults to false: a missing key is refused with 400.
 	OptionalKey bool
-	// MaxRequestBody is how many body bytes are read and fingerprinted;
-	// larger requests get 413 and the handler is not called. Defaults to
-	// DefaultMaxRequestBody (1 MiB).
-	MaxRequestBody int64
-	// MaxResponseBody is the largest answer body that is stored. A larger
-	// answer is delivered but not stored: see Middleware. Defaults to
-	// DefaultMaxResponseBody (1 MiB).
-	MaxResponseBody int
+	// MaxBody bounds the bodies the middleware holds: a request body is
+	// read and fingerprinted up to it (a larger request gets 413 and the
+	// handler is not called), and an answer body larger than it is
+	// delivered but not stored (see Middleware). Defaults to DefaultMaxBody
+	// (1 MiB).
+	MaxBody int64
 	// StoredHeaders is the allowlist of response headers that are stored and
 	// replayed; an empty non-nil list stores none. Set-Cookie,
 	// Authorization, Content-Length and hop-by-hop headers are never
@@ -49,42 +43,23 @@ type MiddlewareConfig struct {
 	// replayed answer keeps its caching rules (a replayed 402 problem stays
 	// "no-store").
 	StoredHeaders []string
-	// RetryHints are the Retry-After of 409 and 503 problems (see
-	// Classify). Defaults to 1s while in progress, 30s while pending
-	// reconciliation, 2s when unavailable. Match Pending to your
-	// reconciler's cadence.
-	RetryHints RetryHints
 	// Fingerprint replaces how requests are fingerprinted from the request
-	// and its body (read in full, at most MaxRequestBody), for example to
-	// leave out a tracking query parameter that clients change between
-	// retries. A retry must get the same fingerprint as the first request,
-	// and a different request under the same key a different one. Defaults
-	// to HashRequest over the method, the request target (path and query)
-	// and the body.
+	// and its body (read in full, at most MaxBody), for example to leave
+	// out a tracking query parameter that clients change between retries.
+	// A retry must get the same fingerprint as the first request, and a
+	// different request under the same key a different one. Defaults to
+	// HashRequest over the method, the request target (path and query) and
+	// the body.
 	//
 	// WARNING: whatever the function leaves out may differ between a first
 	// request and a retry that is then replayed the first answer: leave out
 	// only what does not change the intent.
 	Fingerprint func(r *http.Request, body []byte) Fingerprint
-	// Wait lets a retry that finds its key in progress wait up to Wait for
-	// the running request's answer and replay it, instead of being refused
-	// with 409 (see WaitFor). The Guard needs a Config.Waiter: Middleware
-	// panics without one. Keep it below the client's own timeout. Defaults
-	// to 0: no waiting.
-	Wait time.Duration
-	// ProblemBase is the URI that problem type slugs are appended to.
-	// Defaults to DefaultProblemBase.
-	ProblemBase string
-	// RenderProblem replaces how problems are written; it must write a
-	// complete response. Defaults to [Problem.Write].
+	// RenderProblem replaces how refusals are written; it must write a
+	// complete response. It may change the problem's Type (the default is
+	// ProblemBase and the slug) or add headers, such as the WWW-Authenticate
+	// challenge RFC 9110 asks of a 401. Defaults to [Problem.Write].
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p Problem)
-	// UnauthenticatedStatus is the status sent when the ScopeFunc finds no
-	// caller. Defaults to 401.
-	UnauthenticatedStatus int
-	// Challenge is the WWW-Authenticate challenge sent with a 401 problem,
-	// e.g. `Bearer realm="checkout"`; RFC 9110 requires one on every 401.
-	// Defaults to none.
-	Challenge string
 }
 
 // defaultStoredHeaders is the default of MiddlewareConfig.StoredHeaders.
@@ -118,19 +93,11 @@ type middleware struct {
 	g           *Guard
 	scope       ScopeFunc
 	next        http.Handler
-	methods     map[string]bool
 	optional    bool
 	maxBody     int64
-	maxResp     int
 	stored      []string
-	base        string
 	render      func(w http.ResponseWriter, r *http.Request, p Problem)
-	noScope     int
-	challenge   string
-	retry       RetryHints
 	fingerprint func(r *http.Request, body []byte) Fingerprint
-	wait        time.Duration
-	doOpts      []DoOption // built once from wait
 }
 
 // newMiddleware applies cfg's defaults; it panics on a negative size.
@@ -139,44 +106,19 @@ func newMiddleware(g *Guard, scope ScopeFunc, cfg *MiddlewareConfig) middleware 
 	if cfg != nil {
 		c = *cfg
 	}
-	switch {
-	case c.MaxRequestBody < 0:
-		panic(fmt.Sprintf("idem: MiddlewareConfig.MaxRequestBody %d must not be negative", c.MaxRequestBody))
-	case c.MaxResponseBody < 0:
-		panic(fmt.Sprintf("idem: MiddlewareConfig.MaxResponseBody %d must not be negative", c.MaxResponseBody))
-	case c.Wait < 0:
-		panic(fmt.Sprintf("idem: MiddlewareConfig.Wait %v must not be negative", c.Wait))
+	if c.MaxBody < 0 {
+		panic(fmt.Sprintf("idem: MiddlewareConfig.MaxBody must not be negative, got %d", c.MaxBody))
 	}
-	m := middleware{
-		g: g, scope: scope, optional: c.OptionalKey, maxBody: c.MaxRequestBody, maxResp: c.MaxResponseBody,
-		base: c.ProblemBase, render: c.RenderProblem, noScope: c.UnauthenticatedStatus,
-		challenge: c.Challenge, retry: c.RetryHints, fingerprint: c.Fingerprint, wait: c.Wait,
-	}
-	if c.Methods == nil {
-		c.Methods = []string{http.MethodPost, http.MethodPatch}
-	}
-	m.methods = map[string]bool{}
-	for _, x := range c.Methods {
-		m.methods[x] = true
-	}
+	m := middleware{g: g, scope: scope, optional: c.OptionalKey, maxBody: c.MaxBody, render: c.RenderProblem, fingerprint: c.Fingerprint}
 	if m.maxBody == 0 {
-		m.maxBody = DefaultMaxRequestBody
-	}
-	if m.maxResp == 0 {
-		m.maxResp = DefaultMaxResponseBody
+		m.maxBody = DefaultMaxBody
 	}
 	if c.StoredHeaders == nil {
 		c.StoredHeaders = defaultStoredHeaders
 	}
 	m.stored = storedHeaders(c.StoredHeaders)
-	if m.base == "" {
-		m.base = DefaultProblemBase
-	}
 	if m.render == nil {
 		m.render = func(w http.ResponseWriter, _ *http.Request, p Problem) { p.Write(w) }
-	}
-	if m.noScope == 0 {
-		m.noScope = http.StatusUnauthorized
 	}
 	return m
 }
@@ -185,7 +127,7 @@ func newMiddleware(g *Guard, scope ScopeFunc, cfg *MiddlewareConfig) middleware 
 // any router taking func(http.Handler) http.Handler) that guards requests
 // with g.
 //
-// For each guarded request (POST and PATCH by default) it parses the
+// For each guarded request (POST and PATCH; other methods pass through) it parses the
 // Idempotency-Key header (see ParseKey), asks scope for the caller, reads the
 // body up to the limit and fingerprints method, target and body
 // (HashRequest). The handler receives the body unchanged. The handler's
@@ -202,12 +144,11 @@ func newMiddleware(g *Guard, scope ScopeFunc, cfg *MiddlewareConfig) middleware 
 // 413 for an oversized body, 409 with Retry-After while in progress
 // (request-in-progress) or pending reconciliation (request-pending), 422 for
 // a reused key, 503 with Retry-After when the store is unavailable (see
-// MiddlewareConfig.RetryHints). Internal error text goes to the Guard's
+// Decision.RetryAfter). A retry of a running key waits for its answer when
+// the Guard's Config.Wait says so. Internal error text goes to the Guard's
 // logger, never to the client.
 //
-// Middleware panics if scope is nil, or if MiddlewareConfig.Wait asks a Guard
-// without a Config.Waiter to wait (see Guard.CheckOptions), or if cfg has a
-// negative size or Wait.
+// Middleware panics if scope is nil or cfg's MaxBody is negative.
 //
 // WARNING: an answer that the handler flushes (streams), hijacks, or that is
 // larger than the response limit is sent as it is produced and not stored.
@@ -218,12 +159,6 @@ func (g *Guard) Middleware(scope ScopeFunc, cfg *MiddlewareConfig) func(http.Han
 		panic("idem: Middleware needs a ScopeFunc")
 	}
 	base := newMiddleware(g, scope, cfg)
-	if base.wait > 0 {
-		base.doOpts = []DoOption{WaitFor(base.wait)}
-		if err := g.CheckOptions(base.doOpts...); err != nil {
-			panic(err)
-		}
-	}
 	return func(next http.Handler) http.Handler {
 		m := base
 		m.next = next
@@ -234,29 +169,21 @@ func (g *Guard) Middleware(scope ScopeFunc, cfg *MiddlewareConfig) func(http.Han
 // problem writes a refusal of the middleware's own: one that Classify does
 // not cover (a repeated Authorization header, an unreadable body).
 func (m *middleware) problem(w http.ResponseWriter, r *http.Request, status int, slug, detail string) {
-	m.render(w, r, Problem{Type: m.base + slug, Title: problemTitles[slug], Status: status, Detail: detail, Slug: slug})
+	m.render(w, r, Problem{Type: ProblemBase + slug, Title: problemTitles[slug], Status: status, Detail: detail, Slug: slug})
 }
 
 // refuse writes the refusal that Classify makes of outcome and err (never
-// an answered one: the handler did not run): its status (the
-// unauthenticated one as configured), type and Retry-After, with a detail
-// worded for HTTP. A refusal with a 5xx status logs err.
+// an answered one: the handler did not run): its status, type and
+// Retry-After, with a detail worded for HTTP. A refusal with a 5xx status
+// logs err.
 func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, outcome Outcome, err error) {
-	d := Classify(outcome, err, m.retry)
+	d := Classify(outcome, err)
 	p := Problem{
-		Type: m.base + d.Slug, Title: problemTitles[d.Slug], Status: d.Status, Detail: httpDetails[d.Slug],
+		Type: ProblemBase + d.Slug, Title: problemTitles[d.Slug], Status: d.Status, Detail: httpDetails[d.Slug],
 		Slug: d.Slug, RetryAfter: d.RetryAfter, Err: err,
 	}
-	switch d.Slug {
-	case ProblemUnauthenticated:
-		p.Status = m.noScope
-		if p.Status == http.StatusUnauthorized && m.challenge != "" {
-			w.Header().Set("WWW-Authenticate", m.challenge)
-		}
-	case ProblemKeyInvalid:
-		if ke := (*KeyError)(nil); errors.As(err, &ke) {
-			p.Detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
-		}
+	if ke := (*KeyError)(nil); d.Slug == ProblemKeyInvalid && errors.As(err, &ke) {
+		p.Detail = "The Idempotency-Key header is invalid: " + ke.Reason + "."
 	}
 	if err != nil && p.Status >= 500 && !errors.Is(err, ErrUnavailable) { // the Guard logs those
 		m.g.log.LogAttrs(r.Context(), slog.LevelError, "idem: request refused",
@@ -278,7 +205,7 @@ var httpDetails = map[string]string{
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !m.methods[r.Method] {
+	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
 		m.next.ServeHTTP(w, r)
 		return
 	}
@@ -331,7 +258,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c := &struct {
 			rec  recorder
 			body bodyReader
-		}{rec: recorder{w: w, allow: m.stored, max: m.maxResp}}
+		}{rec: recorder{w: w, allow: m.stored, max: m.maxBody}}
 		rec = &c.rec
 		c.body.Reset(body)
 		r2 := r.WithContext(ctx)
@@ -339,7 +266,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r2.ContentLength = int64(len(body))
 		m.next.ServeHTTP(rec, r2)
 		return rec.result()
-	}, m.doOpts...)
+	})
 	switch out {
 	case OutcomeExecuted, OutcomeExecutedUnstored, OutcomeExecutedReleased:
 		// The answer is stored (or known not to be): now the client gets

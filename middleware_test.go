@@ -179,7 +179,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		// Same key, other body: 422, never the stored answer.
 		a := send(t, hb.srv, call{user: "alice", keys: []string{key}, body: "b"})
 		require.Equal(t, http.StatusUnprocessableEntity, a.status)
-		require.Equal(t, idem.DefaultProblemBase+idem.ProblemKeyReused, a.problem(t).Type)
+		require.Equal(t, idem.ProblemBase+idem.ProblemKeyReused, a.problem(t).Type)
 		require.NotContains(t, string(a.body), "order")
 
 		// Same key, other path: also a different request.
@@ -205,7 +205,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
 		require.Equal(t, http.StatusConflict, a.status)
 		requireRetryAfter(t, a.header, time.Second)
-		require.Equal(t, idem.DefaultProblemBase+idem.ProblemInProgress, a.problem(t).Type)
+		require.Equal(t, idem.ProblemBase+idem.ProblemInProgress, a.problem(t).Type)
 
 		// Once no running request can hold it (older than MaxHold), the
 		// key waits for reconciliation: its own problem, a longer wait.
@@ -215,24 +215,10 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		a = send(t, hb.srv, call{user: "alice", keys: []string{k504}, body: "pm_timeout"})
 		require.Equal(t, http.StatusConflict, a.status)
 		requireRetryAfter(t, a.header, 30*time.Second)
-		require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)
+		require.Equal(t, idem.ProblemBase+idem.ProblemPending, a.problem(t).Type)
 
 		require.EqualValues(t, 4, hb.handler.calls.Load())
 	})
-}
-
-// MiddlewareConfig.RetryHints sets each Retry-After; a negative hint sends none.
-func TestMiddlewareRetryHints(t *testing.T) {
-	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{RetryHints: idem.RetryHints{InProgress: 1500 * time.Millisecond, Pending: -1}})
-	k := newKey()
-	send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
-	a := send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
-	requireRetryAfter(t, a.header, 2*time.Second) // 1.5s: rounded up to whole seconds
-	_, err := hb.pool.Exec(t.Context(), "UPDATE "+hb.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", k)
-	require.NoError(t, err)
-	a = send(t, hb.srv, call{user: "u", keys: []string{k}, body: "pm_timeout"})
-	require.Equal(t, idem.DefaultProblemBase+idem.ProblemPending, a.problem(t).Type)
-	require.Empty(t, a.header.Values("Retry-After"))
 }
 
 // MiddlewareConfig.Fingerprint: a function that leaves out a tracking
@@ -271,13 +257,13 @@ func TestMiddlewareRefusals(t *testing.T) {
 		{"list key", call{user: "u", keys: []string{"a,b"}}, 400, idem.ProblemKeyInvalid},
 		{"no caller", call{keys: []string{"k"}}, 401, idem.ProblemUnauthenticated},
 		{"no caller no key", call{}, 401, idem.ProblemUnauthenticated},
-		{"body too large", call{user: "u", keys: []string{"k"}, body: strings.Repeat("x", idem.DefaultMaxRequestBody+1)}, 413, idem.ProblemBodyTooLarge},
+		{"body too large", call{user: "u", keys: []string{"k"}, body: strings.Repeat("x", idem.DefaultMaxBody+1)}, 413, idem.ProblemBodyTooLarge},
 		{"PATCH guarded", call{method: "PATCH", user: "u"}, 400, idem.ProblemKeyMissing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := send(t, hb.srv, tc.c)
 			require.Equal(t, tc.status, a.status)
-			require.Equal(t, idem.DefaultProblemBase+tc.slug, a.problem(t).Type)
+			require.Equal(t, idem.ProblemBase+tc.slug, a.problem(t).Type)
 		})
 	}
 	require.Zero(t, hb.handler.calls.Load(), "no refused request reaches the handler")
@@ -309,34 +295,28 @@ type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 
-// A MiddlewareConfig with a negative size or wait is a bug of the caller's:
+// A MiddlewareConfig with a negative size is a bug of the caller's:
 // Middleware panics, naming the field, as it does without a ScopeFunc.
 func TestMiddlewareConfigRefusesNegatives(t *testing.T) {
 	g, err := idem.New(idemtest.NewMemStore(nil), nil)
 	require.NoError(t, err)
-	for field, cfg := range map[string]*idem.MiddlewareConfig{
-		"MaxRequestBody":  {MaxRequestBody: -1},
-		"MaxResponseBody": {MaxResponseBody: -1},
-		"Wait":            {Wait: -time.Second},
-	} {
-		require.PanicsWithValue(t, "idem: MiddlewareConfig."+field+" "+map[string]string{
-			"MaxRequestBody": "-1", "MaxResponseBody": "-1", "Wait": "-1s"}[field]+" must not be negative",
-			func() { g.Middleware(bearerScope, cfg) }, field)
-	}
+	require.PanicsWithValue(t, "idem: MiddlewareConfig.MaxBody must not be negative, got -1",
+		func() { g.Middleware(bearerScope, &idem.MiddlewareConfig{MaxBody: -1}) })
 	require.NotPanics(t, func() { g.Middleware(bearerScope, nil) })
 }
 
 func TestMiddlewareOptions(t *testing.T) {
 	var rendered []idem.Problem
 	hb := setupHTTP(t, "table", nil, &idem.MiddlewareConfig{
-		OptionalKey:           true,
-		Methods:               []string{"POST", "PUT"},
-		ProblemBase:           "https://stagedoor.example/problems/",
-		StoredHeaders:         []string{"Location", "X-Request-Id", "Set-Cookie"},
-		MaxRequestBody:        10,
-		UnauthenticatedStatus: http.StatusForbidden,
+		OptionalKey:   true,
+		StoredHeaders: []string{"Location", "X-Request-Id", "Set-Cookie"},
+		MaxBody:       64, // an answer here is shorter
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p idem.Problem) {
 			rendered = append(rendered, p)
+			p.Type = "https://stagedoor.example/problems/" + p.Slug
+			if p.Status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
+			}
 			p.Write(w)
 		},
 	})
@@ -345,17 +325,25 @@ func TestMiddlewareOptions(t *testing.T) {
 	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{user: "u"}).status)
 	require.EqualValues(t, 2, hb.handler.calls.Load())
 
+	// Only POST and PATCH are guarded: a PUT passes through.
+	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{"k"}}).status)
+	require.Equal(t, http.StatusCreated, send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{"k"}}).status)
+	require.EqualValues(t, 4, hb.handler.calls.Load())
+
 	key := newKey()
-	first := send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{key}})
-	again := send(t, hb.srv, call{method: "PUT", user: "u", keys: []string{key}})
+	first := send(t, hb.srv, call{method: "PATCH", user: "u", keys: []string{key}})
+	again := send(t, hb.srv, call{method: "PATCH", user: "u", keys: []string{key}})
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
 	require.Equal(t, first.header.Get("X-Request-Id"), again.header.Get("X-Request-Id"))
 	require.Empty(t, again.header.Get("Set-Cookie"), "Set-Cookie is never stored, even when listed")
 
-	a := send(t, hb.srv, call{user: "u", keys: []string{newKey()}, body: strings.Repeat("x", 11)})
+	a := send(t, hb.srv, call{user: "u", keys: []string{newKey()}, body: strings.Repeat("x", 65)})
 	require.Equal(t, http.StatusRequestEntityTooLarge, a.status)
 	require.Equal(t, "https://stagedoor.example/problems/request-body-too-large", a.problem(t).Type)
 
-	require.Equal(t, http.StatusForbidden, send(t, hb.srv, call{keys: []string{"k"}}).status)
+	a = send(t, hb.srv, call{keys: []string{"k"}})
+	require.Equal(t, http.StatusUnauthorized, a.status)
+	require.Equal(t, `Bearer realm="checkout"`, a.header.Get("WWW-Authenticate"), "added by the renderer")
 	require.Len(t, rendered, 2)
 	require.Equal(t, idem.ProblemUnauthenticated, rendered[1].Slug)
 }
@@ -383,7 +371,7 @@ func TestMiddlewareUnstorableAnswers(t *testing.T) {
 			hb := setupHTTP(t, "table", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				calls.Add(1)
 				h(w, r)
-			}), &idem.MiddlewareConfig{MaxResponseBody: 1024})
+			}), &idem.MiddlewareConfig{MaxBody: 1024})
 			key := newKey()
 			first := send(t, hb.srv, call{user: "u", keys: []string{key}})
 			require.Equal(t, http.StatusOK, first.status)
@@ -429,7 +417,7 @@ func TestMiddlewareStoreUnavailable(t *testing.T) {
 	defer srv.Close()
 	a := send(t, srv, call{user: "u", keys: []string{"k"}})
 	require.Equal(t, http.StatusServiceUnavailable, a.status)
-	require.Equal(t, idem.DefaultProblemBase+idem.ProblemServiceUnavailable, a.problem(t).Type)
+	require.Equal(t, idem.ProblemBase+idem.ProblemServiceUnavailable, a.problem(t).Type)
 	requireRetryAfter(t, a.header, 2*time.Second)
 	require.NotContains(t, string(a.body), "127.0.0.1")
 	require.NotContains(t, string(a.body), "connect")
@@ -451,18 +439,17 @@ func TestMiddlewareNeedsScopeFunc(t *testing.T) {
 	require.Panics(t, func() { b.guard.Middleware(nil, nil) })
 }
 
-// A scope the guard cannot key on is refused as unauthenticated, with the
-// configured challenge, and never reaches the handler.
+// A scope the guard cannot key on is refused as unauthenticated, and never
+// reaches the handler.
 func TestMiddlewareUnusableScope(t *testing.T) {
 	b := setup(t, "table")
 	h := &orderHandler{}
 	scope := func(r *http.Request) (string, bool) { return strings.Repeat("u", idem.MaxScopeLen+1), true }
-	srv := httptest.NewServer(b.guard.Middleware(scope, &idem.MiddlewareConfig{Challenge: `Bearer realm="checkout"`})(h))
+	srv := httptest.NewServer(b.guard.Middleware(scope, nil)(h))
 	defer srv.Close()
 	a := send(t, srv, call{keys: []string{"k"}})
 	require.Equal(t, http.StatusUnauthorized, a.status)
-	require.Equal(t, `Bearer realm="checkout"`, a.header.Get("WWW-Authenticate"))
-	require.Equal(t, idem.DefaultProblemBase+idem.ProblemUnauthenticated, a.problem(t).Type)
+	require.Equal(t, idem.ProblemBase+idem.ProblemUnauthenticated, a.problem(t).Type)
 	require.Zero(t, h.calls.Load())
 }
 
@@ -503,7 +490,7 @@ func TestMiddlewareHeaderOnlyRequestsPinNoMemory(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close() })
 		_, err = fmt.Fprintf(c, "POST /orders HTTP/1.1\r\nHost: example.test\r\nAuthorization: Bearer u\r\n"+
-			"Idempotency-Key: k-%d\r\nContent-Length: %d\r\n\r\n", i, idem.DefaultMaxRequestBody)
+			"Idempotency-Key: k-%d\r\nContent-Length: %d\r\n\r\n", i, idem.DefaultMaxBody)
 		require.NoError(t, err)
 	}
 	for range conns {
@@ -548,7 +535,7 @@ func TestMiddlewareRepeatedAuthorization(t *testing.T) {
 		a := post(auth...)
 		require.Equal(t, http.StatusBadRequest, a.status, "%q", auth)
 		require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
-		require.Equal(t, idem.DefaultProblemBase+idem.ProblemAuthorizationRepeated, a.problem(t).Type)
+		require.Equal(t, idem.ProblemBase+idem.ProblemAuthorizationRepeated, a.problem(t).Type)
 	}
 	require.Zero(t, scoped.Load(), "the ScopeFunc never saw a repeated Authorization")
 	require.Zero(t, h.calls.Load())

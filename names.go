@@ -8,14 +8,12 @@ const (
 	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on every replayed answer.
 	HeaderReplayed = "Idempotent-Replayed"
-	// DefaultProblemBase prefixes the type URI of every problem the
-	// middleware sends unless MiddlewareConfig.ProblemBase says otherwise.
-	// Each type is documented under its slug in docs/problems.md.
-	DefaultProblemBase = "https://github.com/idemguard/idem/blob/main/docs/problems.md#"
-	// DefaultMaxRequestBody is the default of MiddlewareConfig.MaxRequestBody.
-	DefaultMaxRequestBody = 1 << 20 // 1 MiB
-	// DefaultMaxResponseBody is the default of MiddlewareConfig.MaxResponseBody.
-	DefaultMaxResponseBody = 1 << 20 // 1 MiB
+	// ProblemBase prefixes the type URI of every problem the middleware
+	// sends (a MiddlewareConfig.RenderProblem may write another). Each type
+	// is documented under its slug in docs/problems.md.
+	ProblemBase = "https://github.com/idemguard/idem/blob/main/docs/problems.md#"
+	// DefaultMaxBody is the default of MiddlewareConfig.MaxBody.
+	DefaultMaxBody = 1 << 20 // 1 MiB
 	// MetricEvents is the counter of the guard's events; attribute "event":
 	// executed, replayed, in_progress, ... (see Config.MeterProvider).
 	MetricEvents = "idem.events"
@@ -27,17 +25,17 @@ const (
 	// MaxScopeLen is the longest Request.Scope, in bytes.
 	MaxScopeLen = 1024
 
-	// Problem type slugs. A problem's Type is the configured base followed
-	// by one of these; they are stable and clients may switch on them.
+	// Problem type slugs. A problem's Type is ProblemBase followed by one
+	// of these; they are stable and clients may switch on them.
 
 	ProblemKeyMissing            = "idempotency-key-missing" // 400
 	ProblemKeyInvalid            = "idempotency-key-invalid" // 400
 	ProblemKeyReused             = "idempotency-key-reused"  // 422
-	ProblemInProgress            = "request-in-progress"     // 409, Retry-After (RetryHints.InProgress)
-	ProblemPending               = "request-pending"         // 409, Retry-After (RetryHints.Pending)
-	ProblemUnauthenticated       = "unauthenticated"         // 401 (configurable)
+	ProblemInProgress            = "request-in-progress"     // 409, Retry-After
+	ProblemPending               = "request-pending"         // 409, Retry-After
+	ProblemUnauthenticated       = "unauthenticated"         // 401
 	ProblemAuthorizationRepeated = "authorization-repeated"  // 400: two Authorization fields
 	ProblemBodyTooLarge          = "request-body-too-large"  // 413
 	ProblemBodyInvalid           = "request-body-invalid"    // 400
-	ProblemServiceUnavailable    = "service-unavailable"     // 503, Retry-After (RetryHints.Unavailable)
+	ProblemServiceUnavailable    = "service-unavailable"     // 503, Retry-After
 )

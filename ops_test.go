@@ -90,8 +90,6 @@ func TestCacheConfigValidation(t *testing.T) {
 	b := setup(t, "table")
 	_, err := idem.New(b.store, &idem.Config{CacheSize: -1})
 	require.ErrorContains(t, err, "Config.CacheSize")
-	_, err = idem.New(b.store, &idem.Config{CacheTTL: -1})
-	require.ErrorContains(t, err, "Config.CacheTTL")
 }
 
 // Metrics go through the OpenTelemetry API: events by name and phase
@@ -340,17 +338,19 @@ func TestDownstreamKey(t *testing.T) {
 	}
 }
 
-// DetachWork: the caller hanging up does not cancel the work, which keeps
-// its deadline and stores its answer.
-func TestDetachWork(t *testing.T) {
+// The caller hanging up does not cancel the work, which keeps its deadline
+// and stores its answer, and the caller's values.
+func TestWorkOutlivesTheCaller(t *testing.T) {
+	type key struct{}
 	for _, strategy := range []string{"table", "hybrid-miniredis"} {
 		t.Run("strategy="+strategy, func(t *testing.T) {
-			b := setup(t, strategy, func(o *setupOpts) { o.cfg.DetachWork = true; o.cfg.WorkTimeout = 20 * time.Second })
-			ctx, cancel := context.WithCancel(context.Background())
+			b := setup(t, strategy, func(o *setupOpts) { o.cfg.WorkTimeout = 20 * time.Second })
+			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "caller's"))
 			r := req("u", newKey(), "x")
 			_, out, err := b.guard.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
 				cancel()
-				require.NoError(t, wctx.Err(), "the caller's cancellation must not reach detached work")
+				require.NoError(t, wctx.Err(), "the caller's cancellation must not reach the work")
+				require.Equal(t, "caller's", wctx.Value(key{}), "the work keeps the caller's values")
 				_, ok := wctx.Deadline()
 				require.True(t, ok, "detached work keeps its deadline")
 				return created("detached"), nil

@@ -43,7 +43,7 @@ func TestMixedRetentionsKeepEachPromise(t *testing.T) {
 		fleet := []*idem.Guard{long.guard, guard(hour), guard(short)}
 		sweep := func() int64 {
 			t.Helper()
-			sw, err := durable.NewSweeper(short, long.pool, &durable.SweeperConfig{BatchSize: 1, BatchPause: -1})
+			sw, err := durable.NewSweeper(short)
 			require.NoError(t, err)
 			n, err := sw.SweepOnce(ctx)
 			require.NoError(t, err)

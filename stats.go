@@ -32,7 +32,7 @@ type Stats struct {
 	CacheHits        uint64 // answers served by the local cache, without a round trip
 	Waited           uint64 // requests that waited for a running key and got its outcome
 	WaitTimeouts     uint64 // requests that waited for a running key until their bound, then got 409
-	WaitsRefused     uint64 // requests refused a wait because Config.MaxWaiters already waited
+	WaitsRefused     uint64 // requests refused a wait because 1024 already waited
 	LeaseAnswers     uint64 // hybrid: requests answered from the Redis lease, without PostgreSQL (409, 422, replay)
 }
 

@@ -15,7 +15,9 @@ import (
 	"github.com/idemguard/idem"
 )
 
-func withWait(o *setupOpts) { o.wait = true }
+// withWait gives the Guard a Listener as its Waiter, and a retry of a running
+// key 10s to wait for its answer.
+func withWait(o *setupOpts) { o.wait = true; o.cfg.Wait = 10 * time.Second }
 
 // withSubscribeSignal makes the Guard's Waiter send on subscribed each time
 // a request subscribes, that is, starts to wait: tests open their gate on
@@ -66,7 +68,7 @@ func TestWaitReplaysTheRunningAnswer(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			resp, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+			resp, out, err := b.guard.Do(ctx, r, nil2xx(t))
 			done <- result{resp, out, err}
 		}()
 		select {
@@ -88,7 +90,7 @@ func TestWaitReplaysTheRunningAnswer(t *testing.T) {
 // The wait is bounded: past it, the retry is refused with 409 as without
 // waiting, no earlier than the bound.
 func TestWaitIsBounded(t *testing.T) {
-	b := setup(t, "table", withWait)
+	b := setup(t, "table", withWait, func(o *setupOpts) { o.cfg.Wait = 200 * time.Millisecond })
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	g := newGate(created("slow"))
@@ -98,7 +100,7 @@ func TestWaitIsBounded(t *testing.T) {
 	defer close(g.open)
 	<-g.started
 	start := time.Now()
-	_, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(200*time.Millisecond))
+	_, out, err := b.guard.Do(ctx, r, nil2xx(t))
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out)
@@ -117,24 +119,24 @@ func (w signalWaiter) Subscribe(scope, key string) (<-chan struct{}, func()) {
 	return wake, cancel
 }
 
-// At most MaxWaiters wait; the next is refused at once.
+// At most so many requests wait (1024; 1 here); the next is refused at once.
 func TestWaitersAreBounded(t *testing.T) {
 	subscribed := make(chan struct{}, 8)
 	b := setup(t, "table", withWait, func(o *setupOpts) {
-		o.cfg.MaxWaiters = 1
 		o.waiter = func(w idem.Waiter) idem.Waiter { return signalWaiter{w, subscribed} }
 	})
+	idem.SetMaxWaiters(b.guard, 1)
 	ctx := context.Background()
 	r := req("u", newKey(), "x")
 	g := newGate(created("slow"))
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, g.work) })
 	<-g.started
-	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second)) })
+	wg.Go(func() { _, _, _ = b.guard.Do(ctx, r, nil2xx(t)) })
 	<-subscribed // the one slot is taken
 
 	start := time.Now()
-	_, out, err := b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+	_, out, err := b.guard.Do(ctx, r, nil2xx(t))
 	require.Less(t, time.Since(start), 5*time.Second, "refused at once, not after its wait")
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out)
@@ -159,7 +161,7 @@ func TestWaiterRunsAReleasedKey(t *testing.T) {
 	done := make(chan idem.Outcome, 1)
 	w := &counter{resp: created("mine")}
 	go func() {
-		_, out, _ := b.guard.Do(ctx, r, w.work, idem.WaitFor(10*time.Second))
+		_, out, _ := b.guard.Do(ctx, r, w.work)
 		done <- out
 	}()
 	<-subscribed // the retry waits for the running request
@@ -180,14 +182,14 @@ func TestNoWaitForPendingKeys(t *testing.T) {
 	_, err := b.pool.Exec(ctx, "UPDATE "+b.store.Table()+" SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute' WHERE key = $1", r.Key)
 	require.NoError(t, err)
 	start := time.Now()
-	_, out, err = b.guard.Do(ctx, r, nil2xx(t), idem.WaitFor(10*time.Second))
+	_, out, err = b.guard.Do(ctx, r, nil2xx(t))
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.ErrorIs(t, err, idem.ErrPending)
 	require.Equal(t, idem.OutcomeInProgress, out)
 	require.Zero(t, b.guard.Stats().WaitTimeouts+b.guard.Stats().Waited)
 }
 
-// Over HTTP: MiddlewareConfig.Wait turns the 409 into the replayed answer.
+// Over HTTP: the Guard's Config.Wait turns the 409 into the replayed answer.
 func TestMiddlewareWait(t *testing.T) {
 	started, open := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -198,7 +200,7 @@ func TestMiddlewareWait(t *testing.T) {
 	})
 	subscribed := make(chan struct{}, 1)
 	b := setup(t, "table", withWait, withSubscribeSignal(subscribed))
-	srv := httptest.NewServer(b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 10 * time.Second})(slow))
+	srv := httptest.NewServer(b.guard.Middleware(bearerScope, nil)(slow))
 	t.Cleanup(srv.Close)
 	k := newKey()
 	post := func(out chan<- *http.Response) {
@@ -232,19 +234,25 @@ func TestMiddlewareWait(t *testing.T) {
 	require.EqualValues(t, 1, h.calls.Load())
 }
 
-// MiddlewareConfig.Wait on a Guard without a Waiter is a misconfiguration: no
-// request could wait, every retry would get 409 at once. Middleware fails
-// when it is built, and CheckOptions says why, for Do's callers.
+// Config.Wait without a Waiter is a misconfiguration: no request could wait,
+// every retry would get 409 at once; a wait as long as MaxHold could only
+// end on a key pending reconciliation, which is never waited for. New
+// refuses both, naming the field.
 func TestWaitNeedsAWaiter(t *testing.T) {
-	const msg = "idem: waiting up to 5s (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once"
 	b := setup(t, "table")
-	require.PanicsWithError(t, msg, func() { b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 5 * time.Second}) })
-	require.EqualError(t, b.guard.CheckOptions(idem.WaitFor(5*time.Second)), msg)
-	require.NotPanics(t, func() { b.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 0}) })
-	require.NoError(t, b.guard.CheckOptions(idem.WaitFor(0)))
-	require.NoError(t, b.guard.CheckOptions())
+	_, err := idem.New(b.store, &idem.Config{Wait: 5 * time.Second})
+	require.EqualError(t, err, "idem: Config.Wait 5s needs a Config.Waiter: without one no request waits, and every retry of a running key is refused at once")
+	_, err = idem.New(b.store, &idem.Config{Wait: -time.Second})
+	require.EqualError(t, err, "idem: Config.Wait must not be negative, got -1s")
 
 	w := setup(t, "table", withWait)
-	require.NoError(t, w.guard.CheckOptions(idem.WaitFor(5*time.Second)))
-	require.NotPanics(t, func() { w.guard.Middleware(bearerScope, &idem.MiddlewareConfig{Wait: 5 * time.Second}) })
+	_, err = idem.New(w.store, &idem.Config{Waiter: noWaiter{}, Wait: w.guard.MaxHold()})
+	require.ErrorContains(t, err, "idem: Config.Wait 46.5s must be shorter than the Guard's MaxHold 46.5s")
+	_, err = idem.New(w.store, &idem.Config{Waiter: noWaiter{}, Wait: 5 * time.Second})
+	require.NoError(t, err)
 }
+
+// noWaiter is a Waiter that never wakes anyone.
+type noWaiter struct{}
+
+func (noWaiter) Subscribe(string, string) (<-chan struct{}, func()) { return nil, func() {} }

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -57,6 +58,11 @@ type rig struct {
 func newRig(tb testing.TB, strategy string) *rig {
 	tb.Helper()
 	store, pool := testdb.Store(tb, nil)
+	// A Store reads the table's schema version once before its first
+	// request (and once a minute after): done here, not counted.
+	if _, err := store.Get(tb.Context(), "rig", "warm-up"); !errors.Is(err, idem.ErrNotFound) {
+		tb.Fatal(err)
+	}
 	r := &rig{pool: pool, pg: fixture.NewCountingDB(pool), redis: &fixture.RedisCounter{}}
 	r.store = store.WithDB(r.pg)
 	cfg := &idem.Config{Logger: discard}

@@ -47,13 +47,17 @@ func BenchmarkWaitLatency(b *testing.B) {
 	)
 	for _, mode := range []string{"wait", "retry-after"} {
 		b.Run("mode="+mode, func(b *testing.B) {
-			store, pool := testdb.Store(b, &durable.Config{Notify: true})
-			l, err := durable.NewListener(b.Context(), store, pool)
+			store, _ := testdb.Store(b, &durable.Config{Notify: true})
+			l, err := durable.NewListener(b.Context(), store)
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = l.Close() })
-			g, err := idem.New(store, &idem.Config{Logger: discard, Waiter: l})
+			cfg := &idem.Config{Logger: discard, Waiter: l}
+			if mode == "wait" {
+				cfg.Wait = 5 * time.Second
+			}
+			g, err := idem.New(store, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -71,12 +75,7 @@ func BenchmarkWaitLatency(b *testing.B) {
 				time.Sleep(arrive)
 				start := time.Now()
 				for {
-					var out idem.Outcome
-					if mode == "wait" {
-						_, out, _ = g.Do(context.Background(), req, work, idem.WaitFor(5*time.Second))
-					} else {
-						_, out, _ = g.Do(context.Background(), req, work)
-					}
+					_, out, _ := g.Do(context.Background(), req, work)
 					if out != idem.OutcomeInProgress {
 						break
 					}

@@ -241,7 +241,7 @@ func MigrationStatus(ctx context.Context, db DB, cfg *Config) ([]MigrationVersio
 	if !exists {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, "SELECT version, applied_at FROM "+vt+" WHERE table_name = $1 ORDER BY version", c.Table)
+	rows, err := db.Query(ctx, "SELECT version, applied_at FROM "+vt+" WHERE table_name = $1 ORDER BY version", table)
 	if err != nil {
 		return nil, &opError{op: op, err: err}
 	}

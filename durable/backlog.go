@@ -17,7 +17,7 @@ import (
 // scanned (the <table>_reconcile row). Settling and
 // releasing go through the Guard. Each method is one round trip, except
 // where a write finds nothing to change (see [Store.Postpone]); run them
-// while holding the reconciler's lease, with the context of [Leader.Do],
+// while holding the reconciler's lease, with the context of [Store.Lead],
 // which fences the writes (Postpone, MarkScanned, and the Guard's settle and
 // release through [Store.Complete] and [Store.Release]) by that lease.
 
@@ -78,7 +78,7 @@ func (s *Store) ListNew(ctx context.Context, after Due, to time.Time, limit int)
 
 // MarkScanned records that every row created at or before to has been
 // looked at: the next [Store.ScanWindow] starts there, less its overlap.
-// Under a lease (ctx from [Leader.Do]) it writes nothing once the lease has
+// Under a lease (ctx from [Store.Lead]) it writes nothing once the lease has
 // passed, and returns an error wrapping [ErrLeaseLost].
 func (s *Store) MarkScanned(ctx context.Context, to time.Time) error {
 	const op = "mark scanned"
@@ -95,7 +95,7 @@ func (s *Store) MarkScanned(ctx context.Context, to time.Time) error {
 // delay. When that attempt no longer holds the key in progress, one more
 // statement tells why, as for [Store.Complete]: idem.ErrNotFound (no live
 // row, or released), idem.ErrNotOwner (another attempt) or
-// idem.ErrCompleted (answered). Under a lease (ctx from [Leader.Do]) it
+// idem.ErrCompleted (answered). Under a lease (ctx from [Store.Lead]) it
 // changes nothing once the lease has passed, and returns an error wrapping
 // [ErrLeaseLost].
 func (s *Store) Postpone(ctx context.Context, d Due, attempts int, delay time.Duration) error {

@@ -8,29 +8,23 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
 )
 
-// Defaults of [Config] and [SweeperConfig].
+// Defaults of [Config].
 const (
-	// DefaultTable is the table name created by the migrations.
-	DefaultTable = "idempotency_keys"
 	// DefaultRetention is how long a key lives when Config.Retention is 0.
 	DefaultRetention = 24 * time.Hour
 	// DefaultAdmissionWait is Config.AdmissionWait when it is 0.
 	DefaultAdmissionWait = time.Second
-
-	// Defaults of [SweeperConfig].
-
-	DefaultSweepInterval     = time.Hour
-	DefaultSweepBatchSize    = 1000
-	DefaultSweepBatchPause   = 10 * time.Millisecond
-	DefaultSweepBatchTimeout = 30 * time.Second
 )
 
-// maxTableLen leaves room for the longest suffix the migration appends
-// (_reconcile_after_idx) within PostgreSQL's 63-byte limit.
+// table is the name of the table the migrations create, in Config.Schema;
+// the names of the objects beside it (indexes, the reconciler's and the
+// leases' tables, the schema view) start with it.
+const table = "idempotency_keys"
+
 const (
-	maxTableLen  = 40
 	maxSchemaLen = 63
 	// maxPartitions bounds Config.Partitions; partition names end in
 	// _p0 ... _p1023.
@@ -48,13 +42,6 @@ type Config struct {
 	// Defaults to "": the connection's current schema (the first existing
 	// schema of its search_path), with unqualified names in SQL.
 	Schema string
-
-	// Table is the name of the table. It must match ^[a-z_][a-z0-9_]*$ and
-	// be at most 40 bytes long, so that the names of its constraints and
-	// indexes, which start with it, fit PostgreSQL's limit.
-	//
-	// Defaults to "idempotency_keys".
-	Table string
 
 	// Retention is how long a key lives after its answer or its release,
 	// measured on the database clock from completed_at or released_at; a
@@ -99,7 +86,7 @@ type Config struct {
 	// is on disk, like the claim, so every answer a client reads survives a
 	// PostgreSQL crash. An answer written through a caller's transaction
 	// ([Store.WithDB]) always commits with that transaction's own settings;
-	// one written under a lease (the reconciler's settle, see [Leader.Do])
+	// one written under a lease (the reconciler's settle, see [Store.Lead])
 	// always waits for its flush.
 	//
 	// WARNING: with it, a crash of PostgreSQL (the OOM killer ending one
@@ -116,7 +103,7 @@ type Config struct {
 
 	// Partitions, when positive, makes [Migrate] create the table
 	// hash-partitioned on user_id (the scope) into that many partitions,
-	// named <Table>_p0, <Table>_p1, ...: every statement of a Store on one key
+	// named idempotency_keys_p0, idempotency_keys_p1, ...: every statement of a Store on one key
 	// then reads and writes one partition, and a partition's indexes are a
 	// fraction of the table's. It is the layout Citus distributes on
 	// (distribution column user_id); see docs/scaling.md for when to use it.
@@ -138,6 +125,16 @@ type Config struct {
 	//
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// MeterProvider, when set, receives the metrics of the store's
+	// background parts through the OpenTelemetry metric API: a [Sweeper]'s
+	// counter "idem.sweep.deleted" (rows), counter "idem.sweep.runs" and
+	// histogram "idem.sweep.duration" (seconds), both by outcome (ok, error,
+	// stopped), for every run that obtained the lease. Give it the Guard's
+	// (idem.Config.MeterProvider), as pgidem does.
+	//
+	// Defaults to nil: no metrics.
+	MeterProvider metric.MeterProvider
 }
 
 // Validate reports whether cfg (nil is valid) would be accepted by New and
@@ -154,9 +151,6 @@ func (cfg *Config) withDefaults() (Config, error) {
 	var c Config
 	if cfg != nil {
 		c = *cfg
-	}
-	if c.Table == "" {
-		c.Table = DefaultTable
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
@@ -179,17 +173,17 @@ func (c *Config) validate() error {
 			return fmt.Errorf("durable: Config.Schema: %q does not match %s", c.Schema, identRE)
 		}
 	}
-	if len(c.Table) > maxTableLen {
-		return fmt.Errorf("durable: Config.Table: %q is longer than %d bytes", c.Table, maxTableLen)
-	}
-	if !identRE.MatchString(c.Table) {
-		return fmt.Errorf("durable: Config.Table: %q does not match %s", c.Table, identRE)
+	if c.Retention < 0 {
+		return fmt.Errorf("durable: Config.Retention: must not be negative, got %v", c.Retention)
 	}
 	if c.Retention < time.Microsecond {
 		return fmt.Errorf("durable: Config.Retention: must be at least 1µs, got %v", c.Retention)
 	}
-	if c.Partitions < 0 || c.Partitions > maxPartitions {
-		return fmt.Errorf("durable: Config.Partitions: must be between 0 and %d, got %d", maxPartitions, c.Partitions)
+	if c.Partitions < 0 {
+		return fmt.Errorf("durable: Config.Partitions: must not be negative, got %d", c.Partitions)
+	}
+	if c.Partitions > maxPartitions {
+		return fmt.Errorf("durable: Config.Partitions: must be at most %d, got %d", maxPartitions, c.Partitions)
 	}
 	if c.AdmissionWait < 0 {
 		return fmt.Errorf("durable: Config.AdmissionWait: must not be negative, got %v", c.AdmissionWait)
@@ -199,7 +193,7 @@ func (c *Config) validate() error {
 
 // qualified returns the quoted, schema-qualified name of the table (or only
 // the quoted table name when no schema is set).
-func (c *Config) qualified() string { return c.qualifiedAs(c.Table) }
+func (c *Config) qualified() string { return c.qualifiedAs(table) }
 
 // qualifiedAs is qualified for another table of the same schema, such as the
 // table's name with a suffix the migrations give a table beside it.

@@ -34,18 +34,15 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{name: "nil", cfg: nil},
 		{name: "zero", cfg: &durable.Config{}},
-		{name: "all set", cfg: &durable.Config{Schema: "idem", Table: "keys_v2", Retention: time.Hour}},
-		{name: "table 40 bytes", cfg: &durable.Config{Table: strings.Repeat("t", 40)}},
+		{name: "all set", cfg: &durable.Config{Schema: "idem", Retention: time.Hour, Notify: true, AdmissionWait: time.Second, Partitions: 4}},
 		{name: "schema upper case", cfg: &durable.Config{Schema: "Idem"}, err: "durable: Config.Schema:"},
 		{name: "schema quote", cfg: &durable.Config{Schema: `a"b`}, err: "durable: Config.Schema:"},
 		{name: "schema too long", cfg: &durable.Config{Schema: strings.Repeat("s", 64)}, err: "durable: Config.Schema:"},
-		{name: "table with dot", cfg: &durable.Config{Table: "public.keys"}, err: "durable: Config.Table:"},
-		{name: "table leading digit", cfg: &durable.Config{Table: "1keys"}, err: "durable: Config.Table:"},
-		{name: "table too long", cfg: &durable.Config{Table: strings.Repeat("t", 41)}, err: "durable: Config.Table:"},
 		{name: "negative retention", cfg: &durable.Config{Retention: -time.Hour}, err: "durable: Config.Retention:"},
 		{name: "sub-microsecond retention", cfg: &durable.Config{Retention: time.Nanosecond}, err: "durable: Config.Retention:"},
 		{name: "negative partitions", cfg: &durable.Config{Partitions: -1}, err: "durable: Config.Partitions:"},
-		{name: "too many partitions", cfg: &durable.Config{Partitions: 1025}, err: "durable: Config.Partitions: must be between 0 and 1024, got 1025"},
+		{name: "too many partitions", cfg: &durable.Config{Partitions: 1025}, err: "durable: Config.Partitions: must be at most 1024, got 1025"},
+		{name: "negative admission wait", cfg: &durable.Config{AdmissionWait: -time.Second}, err: "durable: Config.AdmissionWait:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -72,10 +69,10 @@ func TestNewDefaults(t *testing.T) {
 	require.Equal(t, 24*time.Hour, store.Retention())
 	require.Equal(t, `"idempotency_keys"`, store.Table())
 
-	store, err = durable.New(nopDB{}, &durable.Config{Schema: "idem", Table: "keys", Retention: time.Minute})
+	store, err = durable.New(nopDB{}, &durable.Config{Schema: "idem", Retention: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, time.Minute, store.Retention())
-	require.Equal(t, `"idem"."keys"`, store.Table())
+	require.Equal(t, `"idem"."idempotency_keys"`, store.Table())
 
 	_, err = durable.New(nil, nil)
 	require.Error(t, err)
@@ -91,8 +88,7 @@ func (errOnlyBeginner) Begin(context.Context) (pgx.Tx, error) { return nil, errB
 func TestConfigValidateExported(t *testing.T) {
 	var nilCfg *durable.Config
 	require.NoError(t, nilCfg.Validate())
-	require.NoError(t, (&durable.Config{Schema: "shop", Table: "keys"}).Validate())
+	require.NoError(t, (&durable.Config{Schema: "shop"}).Validate())
 	require.ErrorContains(t, (&durable.Config{Schema: "Bad-Schema"}).Validate(), "Config.Schema")
-	require.ErrorContains(t, (&durable.Config{Table: "x;drop"}).Validate(), "Config.Table")
 	require.ErrorContains(t, (&durable.Config{Retention: -time.Hour}).Validate(), "Config.Retention")
 }

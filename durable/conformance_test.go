@@ -58,15 +58,12 @@ func pgHarness(retention time.Duration, partitions int) idemtest.Harness {
 			require.NoError(t, err)
 			require.EqualValues(t, 1, tag.RowsAffected())
 		},
-		Retention: retention,
 		Sweep: func(t *testing.T, s idem.Store) (int64, error) {
-			store := s.(*durable.Store)
-			pool, _ := pools.Load(store)
-			sw, err := durable.NewSweeper(store, pool.(*pgxpool.Pool), &durable.SweeperConfig{BatchPause: -1})
+			sw, err := durable.NewSweeper(s.(*durable.Store))
 			if err != nil {
 				return 0, err
 			}
-			return sw.SweepOnce(t.Context())
+			return durable.TuneSweeper(sw, durable.SweeperTuning{BatchPause: -1}).SweepOnce(t.Context())
 		},
 	}
 	return h

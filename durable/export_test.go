@@ -11,3 +11,33 @@ var (
 // SchemaClock moves the clock on which s counts when to read its table's
 // schema version again.
 func SchemaClock(s *Store, now func() time.Time) { s.schema.now = now }
+
+// SweeperTuning is what a test changes of a Sweeper; a zero field keeps the
+// Sweeper's own.
+type SweeperTuning struct {
+	Interval     time.Duration
+	BatchSize    int
+	BatchPause   time.Duration // negative: no pause
+	BatchTimeout time.Duration
+	OnSweep      func(deleted int64, err error)
+}
+
+// TuneSweeper applies t to sw, before it runs.
+func TuneSweeper(sw *Sweeper, t SweeperTuning) *Sweeper {
+	if t.Interval != 0 {
+		sw.interval = t.Interval
+	}
+	if t.BatchSize != 0 {
+		sw.batch = t.BatchSize
+	}
+	if t.BatchPause != 0 {
+		sw.pause = max(t.BatchPause, 0)
+	}
+	if t.BatchTimeout != 0 {
+		sw.timeout = t.BatchTimeout
+	}
+	if t.OnSweep != nil {
+		sw.onSweep = t.OnSweep
+	}
+	return sw
+}

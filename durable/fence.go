@@ -5,7 +5,7 @@ import (
 	"errors"
 )
 
-// fence names the lease a [Leader.Do] call holds: the job's row in the lease
+// fence names the lease a [Store.Lead] call holds: the job's row in the lease
 // table leases, and the holder's name. fn's context carries it, and the
 // Store's writes that a lease's holder makes ([Store.Complete],
 // [Store.Release], [Store.Postpone], [Store.MarkScanned]) run under it when

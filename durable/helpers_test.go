@@ -34,9 +34,9 @@ func setup(t *testing.T, cfg *durable.Config) *bundle {
 // DELETE (0: the default).
 func (b *bundle) sweep(t *testing.T, ctx context.Context, batch int) (int64, error) {
 	t.Helper()
-	sw, err := durable.NewSweeper(b.store, b.pool, &durable.SweeperConfig{BatchSize: batch, BatchPause: -1})
+	sw, err := durable.NewSweeper(b.store)
 	require.NoError(t, err)
-	return sw.SweepOnce(ctx)
+	return durable.TuneSweeper(sw, durable.SweeperTuning{BatchSize: batch, BatchPause: -1}).SweepOnce(ctx)
 }
 
 func token(t testing.TB) idem.Token {

@@ -15,18 +15,19 @@ import (
 )
 
 // Errors of the leases of the jobs that run one instance at a time
-// ([Leader], and so [Sweeper] and the reconciler). Compare with errors.Is.
+// ([Store.Lead], and so [Sweeper] and the reconciler). Compare with
+// errors.Is.
 var (
-	// ErrLocked is returned by [Leader.Do], [Sweeper.SweepOnce] and
+	// ErrLocked is returned by [Store.Lead], [Sweeper.SweepOnce] and
 	// reconcile.Reconciler.RunOnce when another instance holds the table's
 	// lease of the job: it is running right now, so this round is skipped.
 	// It is a normal outcome when the job runs on every instance.
 	ErrLocked = errors.New("durable: another instance holds the lease")
-	// ErrLeaseLost is the error of [Leader.Do] when its lease could not be
+	// ErrLeaseLost is the error of [Store.Lead] when its lease could not be
 	// renewed in time: fn's context was cancelled before the lease could
 	// have expired, so that fn had stopped acting as the leader before
 	// another holder could take over. It is also the error of a Store's
-	// write made under a lease that had passed (see [Leader.Do]): the
+	// write made under a lease that had passed (see [Store.Lead]): the
 	// write changed nothing.
 	ErrLeaseLost = errors.New("durable: lease lost")
 )
@@ -36,7 +37,7 @@ var (
 // the host's and the database's clocks, and for scheduling delays.
 const leaseMargin = 8
 
-// Leader makes one holder at a time, across a fleet, run a job on a table:
+// leader makes one holder at a time, across a fleet, run a job on a table:
 // the reconciler's runs and the sweeper's. Leadership is a lease: a row of
 // the table's lease table (<table>_leases) naming the job, its holder, and
 // when the lease expires on the database's clock.
@@ -49,11 +50,11 @@ const leaseMargin = 8
 //
 // A holder cannot tell that it was paused (a SIGSTOP, a VM pause) past its
 // lease, so the writes it makes to the table through a [Store] are fenced by
-// the lease in their statement (see [Leader.Do]).
+// the lease in their statement (see [Store.Lead]).
 //
-// A Leader is safe for concurrent use. Each [Leader.Do] call is a holder of
-// its own, so two calls exclude each other as two instances do.
-type Leader struct {
+// A leader is safe for concurrent use. Each do call is a holder of its own,
+// so two calls exclude each other as two instances do.
+type leader struct {
 	db     DB
 	job    string
 	leases string // the lease table, quoted and qualified
@@ -62,7 +63,7 @@ type Leader struct {
 	sql    leaseStatements
 }
 
-// NewLeader returns a Leader of job (a short name, such as "reconcile") on
+// newLeader returns a leader of job (a short name, such as "reconcile") on
 // table, the quoted, qualified name of an idempotency table as
 // [Store.Table] returns it, whose statements run on db. db must be a pool or
 // a connection, not a transaction: each statement must commit on its own.
@@ -70,19 +71,17 @@ type Leader struct {
 // tail is the longest the job may go on acting after its context is
 // cancelled, such as the timeout of a write it lets finish. The lease lasts
 // four tails, and is renewed every tail.
-func NewLeader(db DB, table, job string, tail time.Duration) (*Leader, error) {
+func newLeader(db DB, table, job string, tail time.Duration) (*leader, error) {
 	switch {
 	case db == nil:
 		return nil, errNilDB
-	case table == "":
-		return nil, errors.New("durable: NewLeader: empty table")
 	case job == "":
-		return nil, errors.New("durable: NewLeader: empty job")
+		return nil, errors.New("empty job")
 	case tail <= 0:
-		return nil, fmt.Errorf("durable: NewLeader: tail must be positive, got %v", tail)
+		return nil, fmt.Errorf("the lease's tail must be positive, got %v", tail)
 	}
 	leases := besideTable(table, "_leases")
-	return &Leader{
+	return &leader{
 		db:     db,
 		job:    job,
 		leases: leases,
@@ -92,32 +91,53 @@ func NewLeader(db DB, table, job string, tail time.Duration) (*Leader, error) {
 	}, nil
 }
 
-// Do runs fn as the leader of the job, when it can take the job's lease: it
+// Lead runs fn as the one holder, across a fleet, of job (a short name, such
+// as "reconcile") on the Store's table, when it can take the job's lease: it
 // returns an error wrapping [ErrLocked], without calling fn, when another
 // holder's lease is live. Otherwise it returns fn's error, after giving the
-// lease back.
+// lease back. The lease is a row of the lease table beside the table
+// (<table>_leases); each take, renewal and release is one autocommit
+// statement on the Store's database, so it works through any connection
+// pooler, PgBouncer in transaction mode included, and a holder that dies only
+// delays the next one until its lease expires. The Store must not be bound
+// to a caller's transaction ([Store.WithDB]).
 //
-// While fn runs, the lease is renewed every tail (see [NewLeader]), each
-// time for four tails counted from the database's now(). This host counts
-// what is left of the lease on its monotonic clock, from the moment it sent
-// the statement and less a margin of an eighth; the two clocks are never
-// compared. When a renewal fails, or has not come back one tail before what
-// is left runs out, fn's context is cancelled and Do returns an error
-// wrapping [ErrLeaseLost]: fn must then stop within tail, which leaves it
-// done before the lease can have expired and another holder can take it.
+// tail is the longest fn may go on acting after its context is cancelled,
+// such as the timeout of a write it lets finish. The lease lasts four tails,
+// each time counted from the database's now(), and is renewed every tail.
+// This host counts what is left of the lease on its monotonic clock, from
+// the moment it sent the statement and less a margin of an eighth; the two
+// clocks are never compared. When a renewal fails, or has not come back one
+// tail before what is left runs out, fn's context is cancelled and Lead
+// returns an error wrapping [ErrLeaseLost]: fn must then stop within tail,
+// which leaves it done before the lease can have expired and another holder
+// can take it. A lease that has expired is never renewed: the next holder
+// takes it anew.
 //
 // fn's context carries the lease, and so does every context derived from it
-// (context.WithoutCancel included). A [Store] of the same table makes its
-// writes with such a context under the lease: [Store.Complete],
-// [Store.Release], [Store.Postpone] and [Store.MarkScanned] each check, in
-// their statement and on the database's clock alone, that the lease is still
-// this call's and has not expired. A write that finds it passed or taken
-// (its holder was paused longer than the lease, or its statement arrived
-// late) changes nothing and returns an error wrapping [ErrLeaseLost]; one
-// that finds it live commits before any next holder can take it. So nothing
-// fn writes through the Store lands after the lease has passed, however long
+// (context.WithoutCancel included). The Store's writes made with such a
+// context are fenced by it: [Store.Complete], [Store.Release],
+// [Store.Postpone] and [Store.MarkScanned] each check, in their statement and
+// on the database's clock alone, that the lease is still this call's and has
+// not expired. A write that finds it passed or taken (its holder was paused
+// longer than the lease, a SIGSTOP, a VM pause, or its statement arrived
+// late) changes nothing and returns an error wrapping [ErrLeaseLost]; one that
+// finds it live commits before any next holder can take it. So nothing fn
+// writes through the Store lands after the lease has passed, however long
 // this process is stopped.
-func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+func (s *Store) Lead(ctx context.Context, job string, tail time.Duration, fn func(ctx context.Context) error) error {
+	if s.joined {
+		return errors.New("durable: lead: the store is bound to a caller's transaction (Store.WithDB): a lease commits each statement on its own")
+	}
+	l, err := newLeader(s.db, s.table, job, tail)
+	if err != nil {
+		return fmt.Errorf("durable: lead: %w", err)
+	}
+	return l.do(ctx, fn)
+}
+
+// do is [Store.Lead] on l's table and job.
+func (l *leader) do(ctx context.Context, fn func(ctx context.Context) error) error {
 	holder := newHolder()
 	until, err := l.hold(ctx, l.sql.take, holder)
 	if err != nil {
@@ -152,7 +172,7 @@ func (l *Leader) Do(ctx context.Context, fn func(ctx context.Context) error) err
 // keep renews the lease of holder every tail until stop is closed. When a
 // renewal fails, or none has come back one tail before until, it calls lose
 // and returns.
-func (l *Leader) keep(ctx context.Context, holder string, until time.Time, stop <-chan struct{}, lose context.CancelCauseFunc) {
+func (l *leader) keep(ctx context.Context, holder string, until time.Time, stop <-chan struct{}, lose context.CancelCauseFunc) {
 	expire := time.NewTimer(time.Until(until) - l.tail)
 	defer expire.Stop()
 	tick := time.NewTicker(l.tail)
@@ -200,7 +220,7 @@ func (l *Leader) keep(ctx context.Context, holder string, until time.Time, stop 
 // one statement, and returns until when, on this host's monotonic clock,
 // holder may act on it. It returns ErrLocked when another holder's lease is
 // live, or, for a renewal, when holder's lease has expired.
-func (l *Leader) hold(ctx context.Context, stmt, holder string) (time.Time, error) {
+func (l *leader) hold(ctx context.Context, stmt, holder string) (time.Time, error) {
 	sent := time.Now()
 	var now, expires time.Time
 	err := l.db.QueryRow(ctx, stmt, l.job, holder, l.ttl.Microseconds()).Scan(&now, &expires)
@@ -215,7 +235,7 @@ func (l *Leader) hold(ctx context.Context, stmt, holder string) (time.Time, erro
 }
 
 // error wraps an error of hold for Do's caller.
-func (l *Leader) error(err error) error {
+func (l *leader) error(err error) error {
 	if errors.Is(err, ErrLocked) {
 		return &opError{op: "lead " + l.job, kind: ErrLocked}
 	}
@@ -223,7 +243,7 @@ func (l *Leader) error(err error) error {
 }
 
 // lost is the error of a lease lost for cause.
-func (l *Leader) lost(cause error) error {
+func (l *leader) lost(cause error) error {
 	if errors.Is(cause, ErrLocked) {
 		cause = errors.New("it has expired, or another holder has taken it")
 	}
@@ -233,7 +253,7 @@ func (l *Leader) lost(cause error) error {
 // release gives the lease of holder back, best effort, so that the next
 // holder need not wait for it to expire. It runs even when ctx has ended,
 // bounded by tail.
-func (l *Leader) release(ctx context.Context, holder string) {
+func (l *leader) release(ctx context.Context, holder string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.tail)
 	defer cancel()
 	_, _ = l.db.Exec(rctx, l.sql.release, l.job, holder)

@@ -17,7 +17,7 @@ import (
 func TestPassedLeaseIsNotRenewed(t *testing.T) {
 	ctx := t.Context()
 	s, pool := planStore(t)
-	l, err := NewLeader(pool, s.table, "job", time.Minute)
+	l, err := newLeader(pool, s.table, "job", time.Minute)
 	require.NoError(t, err)
 	p := idem.ClaimParams{Scope: "u", Key: "k", Owner: idem.Token{1}}
 	_, claimed, err := s.Claim(ctx, p)

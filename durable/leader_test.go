@@ -44,11 +44,22 @@ func forEachTarget(t *testing.T, fn func(t *testing.T, b *bundle, target leaderT
 	}
 }
 
-func newLeader(t *testing.T, db durable.DB, b *bundle, tail time.Duration) *durable.Leader {
+// leader is one instance's holder of the job "test-job" on b's table: a
+// Store over the instance's db, leading with tail.
+type leader struct {
+	store *durable.Store
+	tail  time.Duration
+}
+
+func (l leader) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return l.store.Lead(ctx, "test-job", l.tail, fn)
+}
+
+func newLeader(t *testing.T, db durable.DB, b *bundle, tail time.Duration) leader {
 	t.Helper()
-	l, err := durable.NewLeader(db, b.store.Table(), "test-job", tail)
+	store, err := durable.New(db, &durable.Config{Schema: schemaOf(b.store)})
 	require.NoError(t, err)
-	return l
+	return leader{store: store, tail: tail}
 }
 
 // leadership records who acts as the leader, and fails the test as soon as
@@ -259,16 +270,14 @@ func TestLeaderStopsBeforeItsLeaseExpires(t *testing.T) {
 	})
 }
 
-// TestNewLeaderRejects names what is wrong.
-func TestNewLeaderRejects(t *testing.T) {
-	_, err := durable.NewLeader(nil, `"t"`, "job", time.Second)
-	require.Error(t, err)
-	_, err = durable.NewLeader(nopDB{}, "", "job", time.Second)
-	require.ErrorContains(t, err, "table")
-	_, err = durable.NewLeader(nopDB{}, `"t"`, "", time.Second)
-	require.ErrorContains(t, err, "job")
-	_, err = durable.NewLeader(nopDB{}, `"t"`, "job", 0)
-	require.ErrorContains(t, err, "tail")
+// TestLeadRejects names what is wrong, and calls nothing.
+func TestLeadRejects(t *testing.T) {
+	store, err := durable.New(nopDB{}, nil)
+	require.NoError(t, err)
+	fn := func(context.Context) error { t.Fatal("called"); return nil }
+	require.ErrorContains(t, store.Lead(t.Context(), "", time.Second, fn), "job")
+	require.ErrorContains(t, store.Lead(t.Context(), "job", 0, fn), "tail")
+	require.ErrorContains(t, store.WithDB(nopDB{}).Lead(t.Context(), "job", time.Second, fn), "bound to a caller's transaction")
 }
 
 // leaseTable is the lease table of b's store (<table>_leases).
@@ -283,13 +292,15 @@ func leaseTable(b *bundle) string {
 func TestSweepersTakeTurns(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, b *bundle, target leaderTarget) {
 		seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
-		newSweeper := func(cfg durable.SweeperConfig) *durable.Sweeper {
-			sw, err := durable.NewSweeper(b.store, target.pool(t), &cfg)
+		newSweeper := func(tune durable.SweeperTuning) *durable.Sweeper {
+			store, err := durable.New(target.pool(t), &durable.Config{Schema: schemaOf(b.store)})
 			require.NoError(t, err)
-			return sw
+			sw, err := durable.NewSweeper(store)
+			require.NoError(t, err)
+			return durable.TuneSweeper(sw, tune)
 		}
-		first := newSweeper(durable.SweeperConfig{BatchSize: 10, BatchPause: time.Hour})
-		second := newSweeper(durable.SweeperConfig{BatchSize: 10, BatchPause: -1})
+		first := newSweeper(durable.SweeperTuning{BatchSize: 10, BatchPause: time.Hour})
+		second := newSweeper(durable.SweeperTuning{BatchSize: 10, BatchPause: -1})
 
 		ctx, stop := context.WithCancel(b.ctx)
 		type result struct {

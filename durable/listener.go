@@ -41,7 +41,7 @@ func keyTag(scope, key string) string { return idem.KeyHash(scope, key) }
 //
 // A Listener is safe for concurrent use. Close stops it.
 type Listener struct {
-	pool    Acquirer
+	pool    acquirer
 	channel string
 	log     *slog.Logger
 
@@ -57,21 +57,26 @@ type Listener struct {
 
 type subscription struct{ ch chan struct{} }
 
-// Acquirer hands out a dedicated connection, on which a [Listener] listens.
+// acquirer hands out a dedicated connection, on which a [Listener] listens.
 // *pgxpool.Pool satisfies it.
-type Acquirer interface {
+type acquirer interface {
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // NewListener starts listening for the announcements of store's table on a
-// connection taken from pool (taken for good: the pool has one connection
-// fewer while the Listener runs). It logs to the store's Config.Logger. It
-// returns once the first LISTEN has gone through, so every announcement made
-// after it returns reaches the subscribers of its key, or an error (wrapping
-// ctx's) when that did not happen before ctx ended.
-func NewListener(ctx context.Context, store *Store, pool Acquirer) (*Listener, error) {
-	if store == nil || pool == nil {
-		return nil, errors.New("durable: NewListener needs a store and a pool")
+// connection taken from the store's pool (taken for good: the pool has one
+// connection fewer while the Listener runs); the store must run over a
+// *pgxpool.Pool. It logs to the store's Config.Logger. It returns once the
+// first LISTEN has gone through, so every announcement made after it returns
+// reaches the subscribers of its key, or an error (wrapping ctx's) when that
+// did not happen before ctx ended.
+func NewListener(ctx context.Context, store *Store) (*Listener, error) {
+	if store == nil {
+		return nil, errors.New("durable: NewListener: nil store")
+	}
+	pool, ok := store.db.(acquirer)
+	if !ok || store.joined {
+		return nil, fmt.Errorf("durable: NewListener: the store runs over a %T, not a pool it can take a connection from", store.db)
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	l := &Listener{

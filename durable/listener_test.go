@@ -46,7 +46,7 @@ func channelOf(table string) string {
 // newListener starts a Listener; it listens when NewListener returns.
 func newListener(t *testing.T, b *bundle) *durable.Listener {
 	t.Helper()
-	l, err := durable.NewListener(b.ctx, b.store, b.pool)
+	l, err := durable.NewListener(b.ctx, b.store)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.Close()) })
 	return l
@@ -127,7 +127,7 @@ func TestListenerNeedsNotify(t *testing.T) {
 // missed an announcement), the Listener reconnects, and announcements reach
 // subscribers again. Close wakes everyone, and later subscribers at once.
 func TestListenerReconnects(t *testing.T) {
-	if _, err := durable.NewListener(t.Context(), nil, nil); err == nil {
+	if _, err := durable.NewListener(t.Context(), nil); err == nil {
 		t.Fatal("NewListener without a store must fail")
 	}
 	b := setup(t, &durable.Config{Notify: true})

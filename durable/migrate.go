@@ -173,7 +173,7 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 		}
 	}
 
-	rows, err := tx.Query(ctx, "SELECT version FROM "+versionTable+" WHERE table_name = $1", c.Table)
+	rows, err := tx.Query(ctx, "SELECT version FROM "+versionTable+" WHERE table_name = $1", table)
 	if err != nil {
 		return fmt.Errorf("read versions: %w", err)
 	}
@@ -192,10 +192,10 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 			if i < 0 {
 				return fmt.Errorf("version %d is applied but has no migration file", v)
 			}
-			if _, err := tx.Exec(ctx, rename(files[i].down, c.Table)); err != nil {
+			if _, err := tx.Exec(ctx, files[i].down); err != nil {
 				return fmt.Errorf("%s: %w", files[i].downName, err)
 			}
-			if _, err := tx.Exec(ctx, "DELETE FROM "+versionTable+" WHERE table_name = $1 AND version = $2", c.Table, v); err != nil {
+			if _, err := tx.Exec(ctx, "DELETE FROM "+versionTable+" WHERE table_name = $1 AND version = $2", table, v); err != nil {
 				return fmt.Errorf("%s: %w", files[i].downName, err)
 			}
 		}
@@ -212,16 +212,16 @@ func runMigrations(ctx context.Context, tx pgx.Tx, c *Config, files []migration,
 		if slices.Contains(applied, m.version) {
 			continue
 		}
-		sql := rename(m.up, c.Table)
+		sql := m.up
 		if m.version == 1 && c.Partitions > 0 {
-			if sql, err = partitioned(sql, c.Table, c.Partitions); err != nil {
+			if sql, err = partitioned(sql, table, c.Partitions); err != nil {
 				return fmt.Errorf("%s: %w", m.upName, err)
 			}
 		}
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%s: %w", m.upName, err)
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO "+versionTable+" (table_name, version) VALUES ($1, $2)", c.Table, m.version); err != nil {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+versionTable+" (table_name, version) VALUES ($1, $2)", table, m.version); err != nil {
 			return fmt.Errorf("%s: %w", m.upName, err)
 		}
 	}
@@ -299,14 +299,8 @@ func create(ctx context.Context, tx pgx.Tx, sql string) error {
 // lockKey derives the advisory lock key of Migrate from the schema and table.
 func lockKey(c *Config) int64 {
 	h := fnv.New64a()
-	h.Write([]byte("idem/durable.Migrate\x00" + c.Schema + "\x00" + c.Table))
+	h.Write([]byte("idem/durable.Migrate\x00" + c.Schema + "\x00" + table))
 	return int64(h.Sum64())
-}
-
-// rename rewrites the object names of a migration file, which are
-// DefaultTable or start with it, for table.
-func rename(sql, table string) string {
-	return strings.ReplaceAll(sql, DefaultTable, table)
 }
 
 // migration is one version: its up and down SQL.

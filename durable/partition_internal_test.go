@@ -33,7 +33,7 @@ FROM generate_series(1, 20000) AS g`)
 	var home string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+s.table+` WHERE user_id = 'user-7' LIMIT 1`).Scan(&home))
 	home = home[strings.LastIndex(home, ".")+1:]
-	require.Regexp(t, `^"?`+DefaultTable+`_p\d+"?$`, home)
+	require.Regexp(t, `^"?`+table+`_p\d+"?$`, home)
 	home = strings.Trim(home, `"`)
 
 	key := []any{"user-7", "key-7"}

@@ -77,7 +77,7 @@ WHERE key NOT LIKE '%00'`)
 
 	// A key in progress, one finished.
 	statements := keyStatements(s, []any{"user-100", "key-100"}, []any{"user-1", "key-1"})
-	pkey := DefaultTable + "_pkey"
+	pkey := table + "_pkey"
 	checkPlans(t, pool, statements, func(t *testing.T, name, mode string, sc scan) {
 		if leaseScan(sc) {
 			return
@@ -90,7 +90,7 @@ WHERE key NOT LIKE '%00'`)
 // leaseScan reports whether sc reads the lease table (a fenced write's
 // fence): a row per job, which any plan reads at once.
 func leaseScan(sc scan) bool {
-	return sc.Relation == DefaultTable+"_leases"
+	return sc.Relation == table+"_leases"
 }
 
 // checkPlans explains each statement under the custom and the generic plan,

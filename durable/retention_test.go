@@ -103,9 +103,9 @@ func TestSweepGoesByEachRowsRetention(t *testing.T) {
 		expired = append(expired, key)
 	}
 	for _, s := range []*durable.Store{short, b.store} {
-		sw, err := durable.NewSweeper(s, b.pool, &durable.SweeperConfig{BatchSize: 2, BatchPause: -1})
+		sw, err := durable.NewSweeper(s)
 		require.NoError(t, err)
-		n, err := sw.SweepOnce(b.ctx)
+		n, err := durable.TuneSweeper(sw, durable.SweeperTuning{BatchSize: 2, BatchPause: -1}).SweepOnce(b.ctx)
 		require.NoError(t, err)
 		if s == short {
 			require.EqualValues(t, len(expired), n, "every expired row, in one run")

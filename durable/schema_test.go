@@ -49,7 +49,7 @@ func TestSchemaAhead(t *testing.T) {
 	ahead(t, err)
 	_, err = fresh.Inspect(b.ctx, p.Scope, p.Key)
 	ahead(t, err)
-	sw, err := durable.NewSweeper(fresh, b.pool, nil)
+	sw, err := durable.NewSweeper(fresh)
 	require.NoError(t, err)
 	_, err = sw.SweepOnce(b.ctx)
 	ahead(t, err)

@@ -34,7 +34,7 @@ type statements struct {
 	claimMany                                  string
 	completeMany, completeManyNotify           string
 	completeManyAsync, completeManyAsyncNotify string
-	// complete and release under a Leader's lease (see fenced): the
+	// complete and release under a lease ([Store.Lead]) (see fenced): the
 	// reconciler's settle and release.
 	completeFenced, completeFencedNotify string
 	releaseFenced, releaseFencedNotify   string
@@ -294,7 +294,7 @@ RETURNING created_at`),
 	st.completeAsyncNotify = withNotify(st.completeAsync, 8)
 	st.releaseNotify = withNotify(st.release, 5)
 	st.giveBackNotify = withNotify(st.giveBack, 6)
-	// The same writes under a Leader's lease: complete's $8 and $9 and
+	// The same writes under a lease ([Store.Lead]): complete's $8 and $9 and
 	// release's $5 and $6 are the lease's job and holder, the next two
 	// parameters the channel and the tag. A fenced answer write always
 	// waits for its flush: only the reconciler makes one, rarely.
@@ -309,7 +309,7 @@ RETURNING created_at`),
 // fenceCond ends the WHERE clause of a write to be fenced (see fenced).
 const fenceCond = "\n\tAND {fenced}"
 
-// fenced makes write a write under a Leader's lease, for a holder that may
+// fenced makes write a write under a lease ([Store.Lead]), for a holder that may
 // have been paused past it (a SIGSTOP, a VM pause) and cannot know: the
 // lease of job $j held by $j+1, in the lease table l. write changes at most
 // one row, and holds {fenced} in its condition. The statement changes that
@@ -407,7 +407,7 @@ func withNotify(write string, n int) string {
 	return "WITH w AS (" + write + "\nRETURNING 1\n)\nSELECT pg_notify($" + strconv.Itoa(n) + ", $" + strconv.Itoa(n+1) + ") FROM w"
 }
 
-// leaseStatements are the statements of a [Leader], over the lease table
+// leaseStatements are the statements of a lease ([Store.Lead]), over the lease table
 // beside the table (<table>_leases), each one autocommit round trip.
 type leaseStatements struct {
 	take, renew, release string
@@ -472,7 +472,7 @@ WHERE job = $1 AND holder = $2 AND expires_at > now()`),
 // progress: no claim holds them.
 type backlogStatements struct {
 	listPostponed, listNew, window, mark, postpone string
-	// mark and postpone under a Leader's lease (see fenced): the
+	// mark and postpone under a lease ([Store.Lead]) (see fenced): the
 	// reconciler's.
 	markFenced, postponeFenced string
 }

@@ -81,7 +81,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	table := c.qualified()
+	qualified := c.qualified()
 	admit := db
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		admit = admitting{pool: pool, wait: c.AdmissionWait}
@@ -90,12 +90,12 @@ func New(db DB, cfg *Config) (*Store, error) {
 		db:        db,
 		admit:     admit,
 		cfg:       c,
-		table:     table,
+		table:     qualified,
 		retention: c.Retention.Microseconds(),
-		sql:       newStatements(table),
-		backlog:   newBacklog(table, c.qualifiedAs(c.Table+"_reconcile")),
-		channel:   channelOf(table),
-		schema:    newSchemaCheck(c.qualifiedAs(c.Table + "_schema")),
+		sql:       newStatements(qualified),
+		backlog:   newBacklog(qualified, c.qualifiedAs(table+"_reconcile")),
+		channel:   channelOf(qualified),
+		schema:    newSchemaCheck(c.qualifiedAs(table + "_schema")),
 	}
 	if p, ok := db.(statter); ok {
 		// Counted by the Store, not read from the pool on every request
@@ -378,7 +378,7 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 // commit went through but whose reply was lost, it returns nil. So a caller
 // may retry a Complete that failed for an unknown reason.
 //
-// Under a lease (ctx from [Leader.Do] of the Store's table: the reconciler's
+// Under a lease (ctx from [Store.Lead] of the Store's table: the reconciler's
 // settle), the write is fenced by it in the same statement and commits
 // without sharing: once the lease has passed it changes nothing and returns
 // an error wrapping [ErrLeaseLost].

@@ -57,18 +57,20 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
-	store := migrated.WithDB(pool)
-	swCfg := &durable.SweeperConfig{}
+	store, err := durable.New(pool, &durable.Config{Schema: schemaOf(migrated)})
+	require.NoError(b, err)
+	var tune durable.SweeperTuning
 	if v := os.Getenv("IDEM_BENCH_BATCH"); v != "" {
-		swCfg.BatchSize = envInt(b, "IDEM_BENCH_BATCH", 0)
+		tune.BatchSize = envInt(b, "IDEM_BENCH_BATCH", 0)
 	}
 	if v := os.Getenv("IDEM_BENCH_PAUSE"); v != "" {
 		d, err := time.ParseDuration(v)
 		require.NoError(b, err)
-		swCfg.BatchPause = d
+		tune.BatchPause = d
 	}
-	sw, err := durable.NewSweeper(store, pool, swCfg)
+	sw, err := durable.NewSweeper(store)
 	require.NoError(b, err)
+	sw = durable.TuneSweeper(sw, tune)
 
 	var baseLat, sweepLat []time.Duration
 	var swept int64

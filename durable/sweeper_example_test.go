@@ -55,11 +55,7 @@ func ExampleSweeper_SweepOnce() {
 		log.Fatal(err)
 	}
 
-	sweeper, err := durable.NewSweeper(store, pool, &durable.SweeperConfig{
-		OnSweep: func(deleted int64, took time.Duration, err error) {
-			// Export to metrics here.
-		},
-	})
+	sweeper, err := durable.NewSweeper(store) // hourly with Run; once here
 	if err != nil {
 		log.Fatal(err)
 	}

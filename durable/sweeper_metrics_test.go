@@ -17,9 +17,9 @@ func TestSweeperMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	b := setup(t, nil)
+	b := setup(t, &durable.Config{MeterProvider: mp})
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 25, "25 hours")
-	sw, _ := newSweeper(t, b, durable.SweeperConfig{BatchSize: 10, BatchPause: -1, MeterProvider: mp})
+	sw, _ := newSweeper(t, b, durable.SweeperTuning{BatchSize: 10, BatchPause: -1})
 	for range 2 {
 		_, err := sw.SweepOnce(b.ctx)
 		require.NoError(t, err)

@@ -34,15 +34,15 @@ type sweepReport struct {
 	err     error
 }
 
-func newSweeper(t *testing.T, b *bundle, cfg durable.SweeperConfig) (*durable.Sweeper, chan sweepReport) {
+func newSweeper(t *testing.T, b *bundle, tune durable.SweeperTuning) (*durable.Sweeper, chan sweepReport) {
 	t.Helper()
 	reports := make(chan sweepReport, 100)
-	cfg.OnSweep = func(deleted int64, took time.Duration, err error) {
+	tune.OnSweep = func(deleted int64, err error) {
 		reports <- sweepReport{deleted, err}
 	}
-	sw, err := durable.NewSweeper(b.store, b.pool, &cfg)
+	sw, err := durable.NewSweeper(b.store)
 	require.NoError(t, err)
-	return sw, reports
+	return durable.TuneSweeper(sw, tune), reports
 }
 
 func TestSweeperDeletesOnlyExpiredRows(t *testing.T) {
@@ -54,7 +54,7 @@ func TestSweeperDeletesOnlyExpiredRows(t *testing.T) {
 	require.NoError(t, b.store.Complete(b.ctx, done.Scope, done.Key, done.Owner, idem.Response{Status: 200}))
 	b.claim(t, params(t, "live", "in-progress", "a"))
 
-	sw, reports := newSweeper(t, b, durable.SweeperConfig{BatchSize: 1000, BatchPause: -1})
+	sw, reports := newSweeper(t, b, durable.SweeperTuning{BatchSize: 1000, BatchPause: -1})
 	n, err := sw.SweepOnce(b.ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, n)
@@ -75,7 +75,7 @@ func TestSweeperBatches(t *testing.T) {
 
 	// The batch size bounds each statement: a run over 250 rows in
 	// batches of 100 deletes 100, 100, then 50, and stops with none left.
-	sw, _ := newSweeper(t, b, durable.SweeperConfig{BatchSize: 100, BatchPause: time.Millisecond})
+	sw, _ := newSweeper(t, b, durable.SweeperTuning{BatchSize: 100, BatchPause: time.Millisecond})
 	n, err := sw.SweepOnce(b.ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 250, n)
@@ -85,13 +85,11 @@ func TestSweeperBatches(t *testing.T) {
 func TestSweeperOneInstanceAtATime(t *testing.T) {
 	b := setup(t, nil)
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
-	sw, reports := newSweeper(t, b, durable.SweeperConfig{})
+	sw, reports := newSweeper(t, b, durable.SweeperTuning{})
 
 	t.Run("skips while another instance holds the lease", func(t *testing.T) {
-		other, err := durable.NewLeader(b.pool, b.store.Table(), "sweep", time.Minute)
-		require.NoError(t, err)
 		ran := false
-		err = other.Do(b.ctx, func(ctx context.Context) error {
+		err := b.store.Lead(b.ctx, "sweep", time.Minute, func(ctx context.Context) error {
 			ran = true
 			n, err := sw.SweepOnce(ctx)
 			require.ErrorIs(t, err, durable.ErrLocked)
@@ -113,7 +111,7 @@ func TestSweeperOneInstanceAtATime(t *testing.T) {
 			errs    [n]error
 		)
 		for i := range n {
-			other, _ := newSweeper(t, b, durable.SweeperConfig{BatchSize: 10, BatchPause: time.Millisecond})
+			other, _ := newSweeper(t, b, durable.SweeperTuning{BatchSize: 10, BatchPause: time.Millisecond})
 			wg.Go(func() {
 				<-start
 				deleted[i], errs[i] = other.SweepOnce(b.ctx)
@@ -138,7 +136,7 @@ func TestSweeperStopsAfterTheCurrentBatch(t *testing.T) {
 	b := setup(t, nil)
 	seedAged(t, b.ctx, b.pool, b.store, "expired", 100, "25 hours")
 	ctx, cancel := context.WithCancel(b.ctx)
-	sw, reports := newSweeper(t, b, durable.SweeperConfig{
+	sw, reports := newSweeper(t, b, durable.SweeperTuning{
 		BatchSize:  10,
 		BatchPause: time.Hour, // the run waits here after its first batch
 	})
@@ -166,7 +164,7 @@ func TestSweeperStopsAfterTheCurrentBatch(t *testing.T) {
 	require.Equal(t, 90, b.count(t))
 
 	// The lease was given back: the next run sweeps the rest.
-	sw, _ = newSweeper(t, b, durable.SweeperConfig{BatchSize: 10, BatchPause: -1})
+	sw, _ = newSweeper(t, b, durable.SweeperTuning{BatchSize: 10, BatchPause: -1})
 	n, err = sw.SweepOnce(b.ctx)
 	require.EqualValues(t, 90, n)
 	require.NoError(t, err)
@@ -182,7 +180,7 @@ func TestSweeperRun(t *testing.T) {
 	require.Equal(t, 30, b.count(t))
 	leaks := goleak.IgnoreCurrent()
 
-	sw, reports := newSweeper(t, b, durable.SweeperConfig{Interval: time.Hour, BatchSize: 10})
+	sw, reports := newSweeper(t, b, durable.SweeperTuning{Interval: time.Hour, BatchSize: 10})
 	ctx, cancel := context.WithCancel(b.ctx)
 	stopped := make(chan error, 1)
 	go func() { stopped <- sw.Run(ctx) }()
@@ -209,29 +207,11 @@ func TestNewSweeperValidation(t *testing.T) {
 	t.Parallel()
 	store, err := durable.New(nopDB{}, nil)
 	require.NoError(t, err)
-	pool := &pgxpool.Pool{}
-	tests := []struct {
-		name string
-		cfg  *durable.SweeperConfig
-		err  string
-	}{
-		{name: "nil", cfg: nil},
-		{name: "negative interval", cfg: &durable.SweeperConfig{Interval: -time.Second}, err: "durable: SweeperConfig.Interval:"},
-		{name: "negative batch", cfg: &durable.SweeperConfig{BatchSize: -1}, err: "durable: SweeperConfig.BatchSize:"},
-		{name: "negative timeout", cfg: &durable.SweeperConfig{BatchTimeout: -1}, err: "durable: SweeperConfig.BatchTimeout:"},
-		{name: "no pause", cfg: &durable.SweeperConfig{BatchPause: -1}},
-	}
-	for _, tt := range tests {
-		sw, err := durable.NewSweeper(store, pool, tt.cfg)
-		if tt.err == "" {
-			require.NoError(t, err, tt.name)
-			require.NotNil(t, sw)
-			continue
-		}
-		require.ErrorContains(t, err, tt.err, tt.name)
-	}
-	_, err = durable.NewSweeper(nil, pool, nil)
+	sw, err := durable.NewSweeper(store)
+	require.NoError(t, err)
+	require.NotNil(t, sw)
+	_, err = durable.NewSweeper(nil)
 	require.Error(t, err)
-	_, err = durable.NewSweeper(store, nil, nil)
-	require.Error(t, err)
+	_, err = durable.NewSweeper(store.WithDB(nopDB{}))
+	require.ErrorContains(t, err, "bound to a caller's transaction")
 }

@@ -87,7 +87,7 @@ func Answer(resp any, err error) (idem.Response, error) {
 // disposition turns a handler's result into what the work returns to the
 // guard: a stored answer, or an error that releases the key
 // (idem.ErrRetrySafe) or leaves it in progress.
-func disposition(resp any, err error, max int) (idem.Response, error) {
+func disposition(resp any, err error, max int64) (idem.Response, error) {
 	if c := status.Code(err); retrySafe[c] {
 		return idem.Response{}, fmt.Errorf("grpcidem: code %s: %w", c, idem.ErrRetrySafe)
 	}
@@ -95,7 +95,7 @@ func disposition(resp any, err error, max int) (idem.Response, error) {
 	if aerr != nil {
 		return idem.Response{}, aerr
 	}
-	if len(a.Body) > max {
+	if int64(len(a.Body)) > max {
 		return idem.Response{}, fmt.Errorf("%w: answer of %d bytes exceeds the %d-byte limit", errTooLarge, len(a.Body), max)
 	}
 	return a, nil
@@ -119,7 +119,7 @@ func replay(a idem.Response) (resp any, rpcErr error, err error) {
 		return nil, status.FromProto(&st).Err(), nil
 	}
 	if name == "" || !name.IsValid() {
-		return nil, nil, fmt.Errorf("grpcidem: stored answer of status %d is not in Answer's form (no valid %s header): store gRPC answers with grpcidem.Answer, or render others with WithRender", a.Status, headerType)
+		return nil, nil, fmt.Errorf("grpcidem: stored answer of status %d is not in Answer's form (no valid %s header): store gRPC answers with grpcidem.Answer, or render others with Config.Render", a.Status, headerType)
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(name)
 	if err != nil {
@@ -145,7 +145,7 @@ type FingerprintFunc func(fullMethod string, req any) (idem.Fingerprint, error)
 func Fingerprint(fullMethod string, req any) (idem.Fingerprint, error) {
 	m, ok := req.(proto.Message)
 	if !ok || req == nil {
-		return idem.Fingerprint{}, fmt.Errorf("grpcidem: request %T is not a proto.Message; use WithFingerprint", req)
+		return idem.Fingerprint{}, fmt.Errorf("grpcidem: request %T is not a proto.Message; use Config.Fingerprint", req)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {

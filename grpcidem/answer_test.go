@@ -191,12 +191,3 @@ func TestParseKey(t *testing.T) {
 	_, err := parseKey(nil)
 	require.ErrorIs(t, err, idem.ErrKeyMissing)
 }
-
-func TestValidMetadataKey(t *testing.T) {
-	for name, want := range map[string]bool{
-		"idempotency-key": true, "x-request-id": true, "a.b_c-1": true,
-		"": false, "Idempotency-Key": false, "key-bin": false, "grpc-timeout": false, "a b": false, "a:b": false,
-	} {
-		require.Equal(t, want, validMetadataKey(name), name)
-	}
-}

@@ -20,10 +20,6 @@ import (
 // ClientConfig tunes UnaryClientInterceptor. A nil *ClientConfig is valid:
 // every default.
 type ClientConfig struct {
-	// MetadataKey is the request metadata entry that carries the key; it
-	// must be the server's (WithMetadataKey). Defaults to
-	// DefaultMetadataKey ("idempotency-key").
-	MetadataKey string
 	// Methods reports, given the full method name, which calls are
 	// guarded; others pass through untouched, once. Defaults to every
 	// unary method.
@@ -83,14 +79,12 @@ type resultOption struct {
 // outcome is unknown, and the call may be sent again later with the same key
 // (WithResult tells it).
 //
-// UnaryClientInterceptor panics when MetadataKey is not a lowercase text
-// metadata key, or a Retry field is invalid, naming it.
+// UnaryClientInterceptor panics when a Retry field is invalid, naming it.
 func UnaryClientInterceptor(cfg *ClientConfig) grpc.UnaryClientInterceptor {
 	return newClientInterceptor(cfg, retry.RealClock)
 }
 
 type clientInterceptor struct {
-	mdKey  string
 	match  func(string) bool
 	policy retry.Policy
 	clock  retry.Clock
@@ -101,17 +95,11 @@ func newClientInterceptor(cfg *ClientConfig, clock retry.Clock) grpc.UnaryClient
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.MetadataKey == "" {
-		c.MetadataKey = DefaultMetadataKey
-	}
-	if !validMetadataKey(c.MetadataKey) {
-		panic("grpcidem: ClientConfig.MetadataKey: " + c.MetadataKey + " is not a lowercase text metadata key")
-	}
 	p, err := retry.Policy(c.Retry).WithDefaults("ClientConfig.Retry")
 	if err != nil {
 		panic("grpcidem: " + err.Error())
 	}
-	ci := &clientInterceptor{mdKey: c.MetadataKey, match: c.Methods, policy: p, clock: clock}
+	ci := &clientInterceptor{match: c.Methods, policy: p, clock: clock}
 	return ci.intercept
 }
 
@@ -128,7 +116,7 @@ func (ci *clientInterceptor) intercept(ctx context.Context, method string, req, 
 	*res = idemclient.Result{}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	var key string
-	if values := md.Get(ci.mdKey); len(values) > 0 {
+	if values := md.Get(MetadataKey); len(values) > 0 {
 		k, err := parseKey(values)
 		if err != nil {
 			reason := err.Error()
@@ -140,7 +128,7 @@ func (ci *clientInterceptor) intercept(ctx context.Context, method string, req, 
 		key = k
 	} else {
 		key = idemclient.NewKey()
-		ctx = metadata.AppendToOutgoingContext(ctx, ci.mdKey, key)
+		ctx = metadata.AppendToOutgoingContext(ctx, MetadataKey, key)
 	}
 	res.Key = key
 

@@ -132,7 +132,7 @@ func setupClient(t *testing.T, o clientSetup) *clientBundle {
 		enc, err := proto.MarshalOptions{Deterministic: true}.Marshal(req.(proto.Message))
 		require.NoError(t, err)
 		resp, rerr := next(ctx, req)
-		c := call{key: metadata.ValueFromIncomingContext(ctx, grpcidem.DefaultMetadataKey), bytes: enc}
+		c := call{key: metadata.ValueFromIncomingContext(ctx, grpcidem.MetadataKey), bytes: enc}
 		for _, d := range status.Convert(rerr).Details() {
 			if ri, ok := d.(*errdetails.RetryInfo); ok {
 				c.delay = ri.GetRetryDelay().AsDuration()
@@ -146,7 +146,7 @@ func setupClient(t *testing.T, o clientSetup) *clientBundle {
 		}
 		return resp, rerr
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(record, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(record, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil)))
 	srv.RegisterService(&paymentsDesc, &paymentsServer{h: h})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
@@ -185,7 +185,7 @@ func setupClient(t *testing.T, o clientSetup) *clientBundle {
 func (b *clientBundle) chargeGuarded(ctx context.Context, key string, req *structpb.Struct) (*structpb.Struct, idemclient.Result, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx, "x-user", "user-1")
 	if key != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, grpcidem.DefaultMetadataKey, key)
+		ctx = metadata.AppendToOutgoingContext(ctx, grpcidem.MetadataKey, key)
 	}
 	var res idemclient.Result
 	out := new(structpb.Struct)
@@ -347,7 +347,7 @@ func TestClientKeyInvalidAndUnguarded(t *testing.T) {
 		_, _, err := b.chargeGuarded(t.Context(), key, order(t, 42))
 		require.ErrorIs(t, err, grpcidem.ErrKeyInvalid, "%q", key)
 	}
-	two := metadata.AppendToOutgoingContext(t.Context(), grpcidem.DefaultMetadataKey, "k1", grpcidem.DefaultMetadataKey, "k2")
+	two := metadata.AppendToOutgoingContext(t.Context(), grpcidem.MetadataKey, "k1", grpcidem.MetadataKey, "k2")
 	_, _, err := b.chargeGuarded(two, "", order(t, 42))
 	require.ErrorIs(t, err, grpcidem.ErrKeyInvalid)
 	b.mu.Lock()
@@ -363,9 +363,6 @@ func TestClientKeyInvalidAndUnguarded(t *testing.T) {
 }
 
 func TestClientInterceptorPanicsOnMisuse(t *testing.T) {
-	require.PanicsWithValue(t, "grpcidem: ClientConfig.MetadataKey: Idempotency-Key is not a lowercase text metadata key", func() {
-		grpcidem.UnaryClientInterceptor(&grpcidem.ClientConfig{MetadataKey: "Idempotency-Key"})
-	})
 	require.PanicsWithValue(t, "grpcidem: ClientConfig.Retry.MaxDelay -1ns must not be negative", func() {
 		grpcidem.UnaryClientInterceptor(&grpcidem.ClientConfig{Retry: idemclient.Retry{MaxDelay: -1}})
 	})
@@ -426,7 +423,7 @@ func TestClientWhatIsRetried(t *testing.T) {
 			var keys []string
 			invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 				md, _ := metadata.FromOutgoingContext(ctx)
-				keys = append(keys, md.Get(grpcidem.DefaultMetadataKey)...)
+				keys = append(keys, md.Get(grpcidem.MetadataKey)...)
 				return errs[len(keys)-1]
 			}
 			var sleeps []time.Duration

@@ -10,17 +10,18 @@
 //	guard, _ := idem.New(store, nil)
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 //		authInterceptor, // puts the caller in ctx
-//		grpcidem.UnaryServerInterceptor(guard, userFromContext,
-//			grpcidem.WithMethods(func(m string) bool { return m == "/shop.v1.Checkout/Pay" })),
+//		grpcidem.UnaryServerInterceptor(guard, userFromContext, &grpcidem.Config{
+//			Methods: func(m string) bool { return m == "/shop.v1.Checkout/Pay" },
+//		}),
 //	))
 //
 // # What the client sees
 //
-// The key is the request metadata entry "idempotency-key" (WithMetadataKey):
+// The key is the request metadata entry "idempotency-key" (MetadataKey):
 // exactly one value of 1 to 255 characters of printable ASCII, taken
 // literally, without a comma or a leading or trailing space. The fingerprint
 // is idem.HashParts over the full method name and the deterministic protobuf
-// encoding of the request (Fingerprint; WithFingerprint replaces it), so a
+// encoding of the request (Fingerprint; Config.Fingerprint replaces it), so a
 // retry of the same message matches even when it holds maps.
 //
 // Every refusal carries a google.rpc.ErrorInfo detail whose Domain is
@@ -34,7 +35,7 @@
 //	Retry of a key left in progress longer than    Aborted             REQUEST_PENDING, RetryInfo 30s
 //	  the Guard's MaxHold (waits for reconciliation)
 //	Same key, different method or message          FailedPrecondition  IDEMPOTENCY_KEY_REUSED
-//	No key (or passed through, WithOptionalKey)    InvalidArgument     IDEMPOTENCY_KEY_MISSING
+//	No key (or passed through, Config.OptionalKey) InvalidArgument     IDEMPOTENCY_KEY_MISSING
 //	Malformed key, or two values                   InvalidArgument     IDEMPOTENCY_KEY_INVALID
 //	No authenticated caller (ScopeFunc false)      Unauthenticated     UNAUTHENTICATED
 //	PostgreSQL unreachable: the handler did not    Unavailable         SERVICE_UNAVAILABLE, RetryInfo 2s
@@ -44,11 +45,11 @@
 //
 // The refusals are decided by idem.Classify, as the HTTP middleware's are;
 // the code follows the kind of refusal. The RetryInfo delays are the
-// idem.RetryHints defaults (WithRetryHints changes them) with the jitter of
-// the middleware's Retry-After: 1s is sent as 1 or 2s, 30s as 30 to 36s. A
-// call whose own context ended before the guard could decide gets Canceled
-// or DeadlineExceeded instead of Unavailable. With WithWait, a retry of a
-// running call waits for its answer instead of Aborted.
+// middleware's Retry-After (idem.Decision.RetryAfter): 1s is sent as 1 or
+// 2s, 30s as 30 to 36s. A call whose own context ended before the guard
+// could decide gets Canceled or DeadlineExceeded instead of Unavailable. With
+// the Guard's Config.Wait, a retry of a running call waits for its answer
+// instead of Aborted.
 //
 // Why these codes: Aborted is gRPC's code for a concurrency conflict, the
 // counterpart of the HTTP middleware's 409, and unlike Unavailable it is not
@@ -92,8 +93,8 @@
 //	  DeadlineExceeded, Canceled, DataLoss,                                or released
 //	  any error that is not a status
 //	anything, after idem.MarkRetrySafe(ctx)         -        released     runs again
-//	a message not storable: over                    -        in progress  Aborted until settled
-//	  WithMaxResponseSize, or not a proto.Message                          or released
+//	a message not storable: over 1 MiB              -        in progress  Aborted until settled
+//	  (idem.DefaultMaxBody), or not a proto.Message                        or released
 //	a panic                                         -        in progress  (released after MarkRetrySafe)
 //
 // Only the final answers are stored. Unavailable, Aborted and
@@ -101,8 +102,8 @@
 // happened": the interceptor cannot know that the handler stopped before
 // its effect (a charge sent, its reply lost, ends in DeadlineExceeded too).
 // A handler that knows calls idem.MarkRetrySafe(ctx) first, and its key is
-// released. Canceled is the client hanging up mid-call, an unknown outcome;
-// Config.DetachWork lets such a handler finish instead.
+// released. A client hanging up mid-call does not cancel the handler: the
+// Guard runs it with a context the caller's cancellation does not reach.
 //
 // A response message is stored as its protobuf encoding with its full name
 // (in the stored header "Grpc-Message-Type"); a replay resolves that name in
@@ -122,7 +123,7 @@
 // A service that serves a key's answer over HTTP and gRPC alike may keep it
 // in one form of its own (an HTTP status with a JSON body, say), since a
 // reconcile.Item does not say which transport claimed the key:
-// WithRender's RenderFunc turns such an answer into the reply of the
-// method called, on every call that gets it. A stored answer that is in
-// neither form is codes.Internal, and its key keeps it until it expires.
+// Config.Render turns such an answer into the reply of the method called, on
+// every call that gets it. A stored answer that is in neither form is
+// codes.Internal, and its key keeps it until it expires.
 package grpcidem

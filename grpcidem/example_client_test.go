@@ -38,7 +38,7 @@ func ExampleUnaryClientInterceptor() {
 		return strings.CutPrefix(v[0], "Bearer ")
 	}
 	svc := &checkout{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcidem.UnaryServerInterceptor(guard, scope)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcidem.UnaryServerInterceptor(guard, scope, nil)))
 	srv.RegisterService(&checkoutDesc, svc)
 	lis := bufconn.Listen(1 << 20)
 	go srv.Serve(lis)
@@ -56,7 +56,7 @@ func ExampleUnaryClientInterceptor() {
 	key := idemclient.NewKey() // at the click, stored with the order
 	for range 2 {
 		ctx := metadata.AppendToOutgoingContext(context.Background(),
-			"authorization", "Bearer user-42", grpcidem.DefaultMetadataKey, key)
+			"authorization", "Bearer user-42", grpcidem.MetadataKey, key)
 		var res idemclient.Result
 		receipt := new(wrapperspb.StringValue)
 		if err := conn.Invoke(ctx, "/shop.Checkout/Pay", wrapperspb.String("order-1"), receipt, grpcidem.WithResult(&res)); err != nil {

@@ -117,8 +117,9 @@ func ExampleUnaryServerInterceptor() {
 	}
 	svc := &checkout{}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		grpcidem.UnaryServerInterceptor(guard, scope,
-			grpcidem.WithMethods(func(m string) bool { return m == "/shop.Checkout/Pay" })),
+		grpcidem.UnaryServerInterceptor(guard, scope, &grpcidem.Config{
+			Methods: func(m string) bool { return m == "/shop.Checkout/Pay" },
+		}),
 	))
 	srv.RegisterService(&checkoutDesc, svc)
 	lis := bufconn.Listen(1 << 20)

@@ -86,7 +86,7 @@ func newTestDBWith(t *testing.T, c durable.Config) testDB {
 // its owner's deadline, and its answer or release (from which it expires).
 func (db testDB) age(t *testing.T, d time.Duration) {
 	t.Helper()
-	_, err := db.pool.Exec(t.Context(), "UPDATE "+pgx.Identifier{db.schema, durable.DefaultTable}.Sanitize()+
+	_, err := db.pool.Exec(t.Context(), "UPDATE "+pgx.Identifier{db.schema, "idempotency_keys"}.Sanitize()+
 		" SET created_at = created_at - make_interval(secs => $1), hold_until = hold_until - make_interval(secs => $1),"+
 		" completed_at = completed_at - make_interval(secs => $1), released_at = released_at - make_interval(secs => $1)", d.Seconds())
 	require.NoError(t, err)
@@ -204,7 +204,7 @@ func charge(t *testing.T, conn *grpc.ClientConn, user, key string, req *structpb
 		md.Set("x-user", user)
 	}
 	if key != "" {
-		md.Set(grpcidem.DefaultMetadataKey, key)
+		md.Set(grpcidem.MetadataKey, key)
 	}
 	return callWith(t.Context(), conn, md, req)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,60 +22,34 @@ import (
 // shared namespace.
 type ScopeFunc func(ctx context.Context) (scope string, ok bool)
 
-// Option configures the interceptor.
-type Option func(*interceptor)
-
-// WithMetadataKey sets the request metadata entry that carries the key. It
-// must be a lowercase text metadata key (0-9 a-z - _ .), neither "-bin" nor
-// "grpc-"; UnaryServerInterceptor panics otherwise. Defaults to
-// DefaultMetadataKey ("idempotency-key").
-func WithMetadataKey(name string) Option { return func(ic *interceptor) { ic.mdKey = name } }
-
-// WithMethods sets which unary methods are guarded: those for which match
-// reports true, given the full method name ("/package.Service/Method").
-// Others pass through untouched. Defaults to every unary method.
-//
-// WARNING: with the default, every unary method on the server needs a key,
-// health checks (/grpc.health.v1.Health/Check) and reads included. Pass the
-// list of methods that have effects, e.g.
-//
-//	guarded := map[string]bool{"/shop.v1.Checkout/Pay": true, "/shop.v1.Checkout/Refund": true}
-//	grpcidem.WithMethods(func(m string) bool { return guarded[m] })
-func WithMethods(match func(fullMethod string) bool) Option {
-	return func(ic *interceptor) { ic.match = match }
+// Config tunes [UnaryServerInterceptor]. A nil *Config is valid: every
+// default.
+type Config struct {
+	// Methods reports which unary methods are guarded, given the full
+	// method name ("/package.Service/Method"); others pass through
+	// untouched. Defaults to every unary method.
+	//
+	// WARNING: with the default, every unary method on the server needs a
+	// key, health checks (/grpc.health.v1.Health/Check) and reads included.
+	// Name the methods that have effects, e.g.
+	//
+	//	guarded := map[string]bool{"/shop.v1.Checkout/Pay": true, "/shop.v1.Checkout/Refund": true}
+	//	cfg := &grpcidem.Config{Methods: func(m string) bool { return guarded[m] }}
+	Methods func(fullMethod string) bool
+	// OptionalKey lets calls without the key's metadata entry through,
+	// unguarded. Defaults to false: they are refused with
+	// codes.InvalidArgument.
+	OptionalKey bool
+	// Fingerprint replaces how a request is fingerprinted, for example to
+	// leave out a field that a client changes on every retry (a send time),
+	// or for messages that are not protobuf. An error refuses the call with
+	// codes.Internal before the handler runs. Defaults to [Fingerprint].
+	Fingerprint FingerprintFunc
+	// Render sends a stored answer that is not in Answer's form (see
+	// RenderFunc). Answers in Answer's form are always sent as they are
+	// stored. Defaults to nil: such an answer gets codes.Internal.
+	Render RenderFunc
 }
-
-// WithOptionalKey lets calls without the key's metadata entry through,
-// unguarded. By default they are refused with codes.InvalidArgument.
-func WithOptionalKey() Option { return func(ic *interceptor) { ic.optional = true } }
-
-// WithFingerprint replaces how a request is fingerprinted, for example to
-// leave out a field that a client changes on every retry (a send time), or
-// for messages that are not protobuf. An error refuses the call with
-// codes.Internal before the handler runs. Defaults to Fingerprint.
-func WithFingerprint(fn FingerprintFunc) Option { return func(ic *interceptor) { ic.fingerprint = fn } }
-
-// WithMaxResponseSize sets the largest stored answer, in bytes of its
-// encoding. A larger answer is delivered but not stored: see
-// UnaryServerInterceptor. Defaults to idem.DefaultMaxResponseBody (1 MiB).
-func WithMaxResponseSize(n int) Option { return func(ic *interceptor) { ic.maxResp = n } }
-
-// WithRetryHints sets the RetryInfo delay sent with codes.Aborted (in
-// progress, or pending reconciliation) and codes.Unavailable refusals: the
-// RetryAfter of idem.Classify, with its jitter, as the HTTP middleware's
-// Retry-After. A zero field takes its default; a negative one sends no
-// RetryInfo. Defaults to 1s in progress, 30s pending and 2s unavailable.
-func WithRetryHints(h idem.RetryHints) Option { return func(ic *interceptor) { ic.retry = h } }
-
-// WithWait lets a retry that finds its key in progress wait up to d for the
-// running call's answer and get it, replayed (idem.WaitFor), instead of
-// being refused with codes.Aborted (REQUEST_IN_PROGRESS); if the running
-// call's key is released meanwhile, the retry runs the handler itself. After
-// d it is refused as without waiting; a key pending reconciliation is never
-// waited for. The Guard needs a Config.Waiter: UnaryServerInterceptor panics
-// without one. Keep d below your clients' deadlines. Defaults to 0: no
-// waiting.
-func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait = d } }
 
 // RenderFunc turns a stored answer that is not in Answer's form into the
 // result of a call to fullMethod, as its handler would have returned it: a
@@ -91,23 +64,13 @@ func WithWait(d time.Duration) Option { return func(ic *interceptor) { ic.wait =
 // goroutines at once.
 type RenderFunc func(fullMethod string, stored idem.Response) (resp any, err error)
 
-// WithRender sets how a stored answer that is not in Answer's form is sent
-// (see RenderFunc). Answers in Answer's form are always sent as they are
-// stored. Defaults to nil: such an answer gets codes.Internal.
-func WithRender(fn RenderFunc) Option { return func(ic *interceptor) { ic.render = fn } }
-
 type interceptor struct {
 	g           *idem.Guard
 	scope       ScopeFunc
-	mdKey       string
 	match       func(string) bool
 	optional    bool
 	fingerprint FingerprintFunc
-	maxResp     int
-	retry       idem.RetryHints
 	log         *slog.Logger
-	wait        time.Duration
-	doOpts      []idem.DoOption // built once from wait
 	render      RenderFunc
 }
 
@@ -117,7 +80,7 @@ type interceptor struct {
 // and may be chained after an authentication interceptor
 // (grpc.ChainUnaryInterceptor) whose result scope reads.
 //
-// For each guarded call (every unary method unless WithMethods says
+// For each guarded call (every unary method unless Config.Methods says
 // otherwise) it asks scope for the caller, reads the key from the request
 // metadata ("idempotency-key": exactly one value of 1 to 255 characters of
 // printable ASCII, no comma, no leading or trailing space) and fingerprints
@@ -134,7 +97,8 @@ type interceptor struct {
 // released. The first call gets the handler's own result, unless the
 // handler stored another answer with idem.Complete: then it gets the stored
 // one, as every retry does. A stored answer in Answer's form is sent as
-// stored; any other is rendered by WithRender's RenderFunc.
+// stored; any other is rendered by Config.Render. A retry of a running call
+// waits for its answer when the Guard's Config.Wait says so.
 //
 // Refusals carry a google.rpc.ErrorInfo detail (ErrorDomain, a Reason*
 // constant): Aborted while the key is in progress (REQUEST_IN_PROGRESS,
@@ -146,40 +110,31 @@ type interceptor struct {
 // the client: it goes to the logger.
 //
 // WARNING: an answer that cannot be stored (not a proto.Message, larger than
-// WithMaxResponseSize) is delivered but its key stays in progress, exactly
-// like an Internal error. Only the response message or status is stored:
-// header and trailer metadata the handler sets are not replayed.
+// idem.DefaultMaxBody in its encoding) is delivered but its key stays in
+// progress, exactly like an Internal error. Only the response message or
+// status is stored: header and trailer metadata the handler sets are not
+// replayed.
 //
-// UnaryServerInterceptor panics if g or scope is nil, or if an option is
-// invalid, WithWait on a Guard without a Config.Waiter included.
-func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
+// UnaryServerInterceptor panics if g or scope is nil.
+func UnaryServerInterceptor(g *idem.Guard, scope ScopeFunc, cfg *Config) grpc.UnaryServerInterceptor {
 	if g == nil || scope == nil {
 		panic("grpcidem: UnaryServerInterceptor needs a Guard and a ScopeFunc")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
 	}
 	ic := &interceptor{
 		g:           g,
 		scope:       scope,
-		mdKey:       DefaultMetadataKey,
-		fingerprint: Fingerprint,
-		maxResp:     idem.DefaultMaxResponseBody,
+		match:       c.Methods,
+		optional:    c.OptionalKey,
+		fingerprint: c.Fingerprint,
+		render:      c.Render,
 		log:         g.Logger(), // what a client is not told: the Guard's Config.Logger
 	}
-	for _, o := range opts {
-		o(ic)
-	}
-	switch {
-	case !validMetadataKey(ic.mdKey):
-		panic("grpcidem: WithMetadataKey: " + ic.mdKey + " is not a lowercase text metadata key")
-	case ic.fingerprint == nil:
-		panic("grpcidem: WithFingerprint: nil function")
-	case ic.maxResp <= 0:
-		panic("grpcidem: WithMaxResponseSize: must be positive")
-	}
-	if ic.wait > 0 {
-		ic.doOpts = []idem.DoOption{idem.WaitFor(ic.wait)}
-		if err := g.CheckOptions(ic.doOpts...); err != nil {
-			panic(err)
-		}
+	if ic.fingerprint == nil {
+		ic.fingerprint = Fingerprint
 	}
 	return ic.intercept
 }
@@ -189,7 +144,7 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	values := md.Get(ic.mdKey)
+	values := md.Get(MetadataKey)
 	if len(values) == 0 && ic.optional {
 		return handler(ctx, req)
 	}
@@ -215,9 +170,9 @@ func (ic *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	stored, outcome, err := ic.g.Do(ctx, r, func(wctx context.Context) (idem.Response, error) {
 		out, herr = handler(wctx, req)
 		var derr error
-		own, derr = disposition(out, herr, ic.maxResp)
+		own, derr = disposition(out, herr, idem.DefaultMaxBody)
 		return own, derr
-	}, ic.doOpts...)
+	})
 	switch outcome {
 	case idem.OutcomeExecuted:
 		if stored.Equal(own) {
@@ -275,10 +230,10 @@ func (ic *interceptor) decode(method string, a idem.Response) (resp any, rpcErr 
 	resp, rpcErr = ic.render(method, a)
 	code := status.Code(rpcErr)
 	if _, final := finalStatus[code]; !final {
-		return nil, nil, fmt.Errorf("grpcidem: WithRender rendered a stored answer of status %d as code %s, not a final answer: %v", a.Status, code, rpcErr)
+		return nil, nil, fmt.Errorf("grpcidem: Config.Render rendered a stored answer of status %d as code %s, not a final answer: %v", a.Status, code, rpcErr)
 	}
 	if m, ok := resp.(proto.Message); code == codes.OK && (!ok || resp == nil || !m.ProtoReflect().IsValid()) {
-		return nil, nil, fmt.Errorf("grpcidem: WithRender rendered a stored answer of status %d as %T, not a non-nil proto.Message", a.Status, resp)
+		return nil, nil, fmt.Errorf("grpcidem: Config.Render rendered a stored answer of status %d as %T, not a non-nil proto.Message", a.Status, resp)
 	}
 	return resp, rpcErr, nil
 }
@@ -290,19 +245,19 @@ func (ic *interceptor) decode(method string, a idem.Response) (resp any, rpcErr 
 // the client gets the context's code (Canceled, DeadlineExceeded) instead
 // of Unavailable.
 func (ic *interceptor) refuse(ctx context.Context, method string, outcome idem.Outcome, err error) error {
-	d := idem.Classify(outcome, err, ic.retry)
+	d := idem.Classify(outcome, err)
 	r := refusals[d.Slug]
 	var meta map[string]string
 	switch d.Slug {
 	case idem.ProblemKeyMissing:
-		r.msg = "Send an " + ic.mdKey + " metadata entry with a unique value (e.g. a UUID) per intent."
-		meta = map[string]string{"metadata_key": ic.mdKey}
+		r.msg = "Send an " + MetadataKey + " metadata entry with a unique value (e.g. a UUID) per intent."
+		meta = map[string]string{"metadata_key": MetadataKey}
 	case idem.ProblemKeyInvalid:
-		r.msg = "The " + ic.mdKey + " metadata entry is invalid."
+		r.msg = "The " + MetadataKey + " metadata entry is invalid."
 		if ke := (*idem.KeyError)(nil); errors.As(err, &ke) {
-			r.msg = "The " + ic.mdKey + " metadata entry is invalid: " + ke.Reason + "."
+			r.msg = "The " + MetadataKey + " metadata entry is invalid: " + ke.Reason + "."
 		}
-		meta = map[string]string{"metadata_key": ic.mdKey}
+		meta = map[string]string{"metadata_key": MetadataKey}
 	case idem.ProblemServiceUnavailable:
 		if cerr := ctx.Err(); cerr != nil {
 			return status.FromContextError(cerr).Err()

@@ -88,7 +88,7 @@ func requireRetryDelay(t *testing.T, hint, got time.Duration) {
 func TestFirstCallRunsAndRetryIsReplayed(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), c.handle)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -119,7 +119,7 @@ func TestConcurrentCallersOneExecution(t *testing.T) {
 		}
 		return structpb.NewStruct(map[string]any{"charge": "ch_1"})
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), h)
 	key := newKey()
 
 	results := make(chan result, callers)
@@ -150,7 +150,7 @@ func TestConcurrentCallersOneExecution(t *testing.T) {
 func TestKeyReusedWithAnotherRequest(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), c.handle)
 	key := newKey()
 	require.NoError(t, charge(t, conn, "user-1", key, order(t, 42)).err)
 
@@ -158,7 +158,7 @@ func TestKeyReusedWithAnotherRequest(t *testing.T) {
 	requireRefusal(t, r.err, codes.FailedPrecondition, grpcidem.ReasonKeyReused)
 
 	// The same key on another method is another request too.
-	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-user", "user-1", grpcidem.DefaultMetadataKey, key)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-user", "user-1", grpcidem.MetadataKey, key)
 	err := conn.Invoke(ctx, methodBalance, wrapperspb.String("acct_1"), new(wrapperspb.StringValue))
 	requireRefusal(t, err, codes.FailedPrecondition, grpcidem.ReasonKeyReused)
 	require.EqualValues(t, 1, c.runs.Load())
@@ -170,14 +170,14 @@ func TestMissingKey(t *testing.T) {
 
 	t.Run("required", func(t *testing.T) {
 		var c counter
-		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
+		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), c.handle)
 		r := charge(t, conn, "user-1", "", order(t, 42))
 		requireRefusal(t, r.err, codes.InvalidArgument, grpcidem.ReasonKeyMissing)
 		require.Zero(t, c.runs.Load())
 	})
 	t.Run("optional", func(t *testing.T) {
 		var c counter
-		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithOptionalKey()), c.handle)
+		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, &grpcidem.Config{OptionalKey: true}), c.handle)
 		for range 2 {
 			r := charge(t, conn, "", "", order(t, 42)) // unguarded: no caller needed either
 			require.NoError(t, r.err)
@@ -192,7 +192,7 @@ func TestMissingKey(t *testing.T) {
 func TestInvalidKey(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), c.handle)
 	for name, values := range map[string][]string{
 		"too long":       {strings.Repeat("k", idem.MaxKeyLen+1)},
 		"list":           {"key-1, key-2"},
@@ -200,7 +200,7 @@ func TestInvalidKey(t *testing.T) {
 		"trailing space": {"key-1 "},
 	} {
 		t.Run(name, func(t *testing.T) {
-			md := metadata.MD{"x-user": {"user-1"}, grpcidem.DefaultMetadataKey: values}
+			md := metadata.MD{"x-user": {"user-1"}, grpcidem.MetadataKey: values}
 			r := callWith(t.Context(), conn, md, order(t, 42))
 			requireRefusal(t, r.err, codes.InvalidArgument, grpcidem.ReasonKeyInvalid)
 		})
@@ -214,7 +214,7 @@ func TestInvalidKey(t *testing.T) {
 func TestUnauthenticated(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), c.handle)
 
 	requireRefusal(t, charge(t, conn, "", newKey(), order(t, 42)).err, codes.Unauthenticated, grpcidem.ReasonUnauthenticated)
 	// A scope the guard cannot key on (too long) is no caller either.
@@ -226,7 +226,7 @@ func TestUnauthenticated(t *testing.T) {
 func TestScopesAreIsolated(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), c.handle)
 	key := newKey()
 
 	a := charge(t, conn, "user-a", key, order(t, 42))
@@ -249,7 +249,7 @@ func TestInProgressWhileFirstRuns(t *testing.T) {
 		<-unblock
 		return structpb.NewStruct(map[string]any{"charge": "ch_1"})
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first := make(chan result, 1)
@@ -278,7 +278,7 @@ func TestFinalErrorIsStoredAndReplayed(t *testing.T) {
 		}
 		return nil, st.Err()
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -306,7 +306,7 @@ func TestInternalLeavesKeyInProgressUntilSettled(t *testing.T) {
 		intents <- id
 		return nil, status.Error(codes.Internal, "provider timed out")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -337,7 +337,7 @@ func TestPendingKeyIsReportedAsPending(t *testing.T) {
 	h := func(context.Context, string, proto.Message) (proto.Message, error) {
 		return nil, status.Error(codes.Unavailable, "provider down")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 	require.Equal(t, codes.Unavailable, status.Code(charge(t, conn, "user-1", key, order(t, 42)).err))
 
@@ -368,7 +368,7 @@ func TestRetrySafeResultsReleaseTheKey(t *testing.T) {
 				}
 				return structpb.NewStruct(map[string]any{"charge": "ch_2"})
 			}
-			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 			key := newKey()
 			first := charge(t, conn, "user-1", key, order(t, 42))
 			require.Equal(t, tc.code, status.Code(first.err))
@@ -389,18 +389,11 @@ func TestStoreUnavailable(t *testing.T) {
 	g, err := idem.New(store, &idem.Config{Logger: quiet, StoreTimeout: time.Second})
 	require.NoError(t, err)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), c.handle)
 
 	r := charge(t, conn, "user-1", newKey(), order(t, 42))
 	requireRetryDelay(t, 2*time.Second, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
 	require.NotContains(t, status.Convert(r.err).Message(), "127.0.0.1", "internal error text never reaches the client")
-
-	for _, hint := range []time.Duration{-1, 5 * time.Second} {
-		conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata,
-			grpcidem.WithRetryHints(idem.RetryHints{Unavailable: hint})), c.handle)
-		r := charge(t, conn, "user-1", newKey(), order(t, 42))
-		requireRetryDelay(t, hint, requireRefusal(t, r.err, codes.Unavailable, grpcidem.ReasonUnavailable))
-	}
 	require.Zero(t, c.runs.Load())
 }
 
@@ -414,7 +407,7 @@ func TestHybridStrategy(t *testing.T) {
 	g := newGuard(t, db, &idem.Config{Lock: locker})
 	require.Equal(t, "hybrid", g.Strategy())
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), c.handle)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), c.handle)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -447,7 +440,7 @@ func TestWithMethods(t *testing.T) {
 		return c.handle(ctx, method, req)
 	}
 	ic := grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithMethods(func(m string) bool { return m == methodCharge }))
+		&grpcidem.Config{Methods: func(m string) bool { return m == methodCharge }})
 	conn := serve(t, ic, h)
 
 	out := new(wrapperspb.StringValue)
@@ -456,7 +449,7 @@ func TestWithMethods(t *testing.T) {
 	requireRefusal(t, charge(t, conn, "user-1", "", order(t, 42)).err, codes.InvalidArgument, grpcidem.ReasonKeyMissing)
 }
 
-func TestWithFingerprint(t *testing.T) {
+func TestConfigFingerprint(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
 	// Leave out "sent_at", which the client sets anew on every retry.
@@ -473,7 +466,7 @@ func TestWithFingerprint(t *testing.T) {
 		return grpcidem.Fingerprint(method, s)
 	}
 	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithFingerprint(fp)), c.handle)
+		&grpcidem.Config{Fingerprint: fp}), c.handle)
 	key := newKey()
 
 	req := order(t, 42)
@@ -491,12 +484,16 @@ func TestWithFingerprint(t *testing.T) {
 	require.EqualValues(t, 1, c.runs.Load())
 }
 
-// An answer too large to store is delivered, and its key stays in progress.
+// An answer too large to store (over idem.DefaultMaxBody) is delivered, and
+// its key stays in progress.
 func TestAnswerTooLargeIsDeliveredNotStored(t *testing.T) {
 	db := newTestDB(t)
 	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithMaxResponseSize(8)), c.handle)
+	h := func(ctx context.Context, method string, req proto.Message) (proto.Message, error) {
+		c.runs.Add(1)
+		return structpb.NewStruct(map[string]any{"blob": strings.Repeat("x", idem.DefaultMaxBody)})
+	}
+	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -516,7 +513,7 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 		intents <- id
 		return nil, status.Error(codes.Internal, "boom")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 	require.Error(t, charge(t, conn, "user-1", key, order(t, 42)).err)
 
@@ -536,25 +533,6 @@ func TestReplayOfUnknownTypeIsInternal(t *testing.T) {
 func TestInterceptorPanicsOnMisuse(t *testing.T) {
 	db := newTestDB(t)
 	g := newGuard(t, db, nil)
-	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(nil, scopeFromMetadata) })
-	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(g, nil) })
-	for _, name := range []string{"", "Idempotency-Key", "idempotency-key-bin", "grpc-key", "key:1"} {
-		require.Panics(t, func() { grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithMetadataKey(name)) }, name)
-	}
-	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithMaxResponseSize(0)) })
-	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithFingerprint(nil)) })
-}
-
-func TestWithMetadataKey(t *testing.T) {
-	db := newTestDB(t)
-	var c counter
-	conn := serve(t, grpcidem.UnaryServerInterceptor(newGuard(t, db, nil), scopeFromMetadata,
-		grpcidem.WithMetadataKey("x-request-id")), c.handle)
-	key := newKey()
-	for range 2 {
-		r := callWith(t.Context(), conn, metadata.Pairs("x-user", "user-1", "x-request-id", key), order(t, 42))
-		require.NoError(t, r.err)
-	}
-	require.EqualValues(t, 1, c.runs.Load())
-	requireRefusal(t, charge(t, conn, "user-1", "", order(t, 42)).err, codes.InvalidArgument, grpcidem.ReasonKeyMissing)
+	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(nil, scopeFromMetadata, nil) })
+	require.Panics(t, func() { grpcidem.UnaryServerInterceptor(g, nil, nil) })
 }

@@ -6,9 +6,8 @@ import (
 	"github.com/idemguard/idem"
 )
 
-// DefaultMetadataKey is the request metadata entry that carries the
-// idempotency key unless WithMetadataKey names another.
-const DefaultMetadataKey = "idempotency-key"
+// MetadataKey is the request metadata entry that carries the idempotency key.
+const MetadataKey = "idempotency-key"
 
 // MetadataReplayed is the response header metadata entry set to "true" on
 // every replayed answer.
@@ -48,20 +47,4 @@ func parseKey(values []string) (string, error) {
 		}
 	}
 	return v, nil
-}
-
-// validMetadataKey reports whether name can carry the key: a lowercase gRPC
-// metadata key (0-9 a-z - _ .) that is not binary ("-bin") nor reserved
-// ("grpc-").
-func validMetadataKey(name string) bool {
-	if name == "" || strings.HasSuffix(name, "-bin") || strings.HasPrefix(name, "grpc-") {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
 }

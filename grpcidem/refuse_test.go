@@ -41,68 +41,56 @@ func TestInterceptorAgreesWithClassify(t *testing.T) {
 		name    string
 		outcome idem.Outcome
 		err     error
-		hint    func(idem.RetryHints) time.Duration
+		hint    time.Duration // the base of the RetryInfo; 0: none
 	}{
-		{"in progress", idem.OutcomeInProgress, idem.ErrInProgress, func(h idem.RetryHints) time.Duration { return h.InProgress }},
-		{"pending", idem.OutcomeInProgress, idem.ErrPending, func(h idem.RetryHints) time.Duration { return h.Pending }},
-		{"key reused", idem.OutcomeKeyReused, idem.ErrKeyReused, nil},
-		{"key missing", idem.OutcomeNone, idem.ErrKeyMissing, nil},
-		{"key invalid", idem.OutcomeNone, &idem.KeyError{Reason: "empty"}, nil},
-		{"request invalid: key", idem.OutcomeNone, &idem.RequestError{Field: "Key", Reason: "contains NUL"}, nil},
-		{"request refused by the store", idem.OutcomeNone, &idem.RequestError{Field: "Request", Reason: "refused"}, nil},
-		{"request invalid: scope", idem.OutcomeNone, &idem.RequestError{Field: "Scope", Reason: "empty"}, nil},
-		{"store unavailable", idem.OutcomeNone, fmt.Errorf("idem: claim: %w: %w", idem.ErrUnavailable, cause), func(h idem.RetryHints) time.Duration { return h.Unavailable }},
-		{"nil work", idem.OutcomeNone, errors.New("idem: nil work"), func(h idem.RetryHints) time.Duration { return h.Unavailable }},
+		{"in progress", idem.OutcomeInProgress, idem.ErrInProgress, time.Second},
+		{"pending", idem.OutcomeInProgress, idem.ErrPending, 30 * time.Second},
+		{"key reused", idem.OutcomeKeyReused, idem.ErrKeyReused, 0},
+		{"key missing", idem.OutcomeNone, idem.ErrKeyMissing, 0},
+		{"key invalid", idem.OutcomeNone, &idem.KeyError{Reason: "empty"}, 0},
+		{"request invalid: key", idem.OutcomeNone, &idem.RequestError{Field: "Key", Reason: "contains NUL"}, 0},
+		{"request refused by the store", idem.OutcomeNone, &idem.RequestError{Field: "Request", Reason: "refused"}, 0},
+		{"request invalid: scope", idem.OutcomeNone, &idem.RequestError{Field: "Scope", Reason: "empty"}, 0},
+		{"store unavailable", idem.OutcomeNone, fmt.Errorf("idem: claim: %w: %w", idem.ErrUnavailable, cause), 2 * time.Second},
+		{"nil work", idem.OutcomeNone, errors.New("idem: nil work"), 2 * time.Second},
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for hname, hints := range map[string]idem.RetryHints{
-		"defaults": {InProgress: time.Second, Pending: 30 * time.Second, Unavailable: 2 * time.Second},
-		"custom":   {InProgress: 4 * time.Second, Pending: 5 * time.Minute, Unavailable: 10 * time.Second},
-		"none":     {InProgress: -1, Pending: -1, Unavailable: -1},
-	} {
-		ic := &interceptor{mdKey: DefaultMetadataKey, retry: hints, log: quiet}
-		if hname == "defaults" {
-			ic.retry = idem.RetryHints{} // the zero hints are the defaults
-		}
-		for _, tc := range cases {
-			t.Run(hname+"/"+tc.name, func(t *testing.T) {
-				d := idem.Classify(tc.outcome, tc.err, ic.retry)
-				require.NotEmpty(t, d.Slug, "a refusal")
-				st := status.Convert(ic.refuse(context.Background(), "/a.S/M", tc.outcome, tc.err))
-				require.Equal(t, want[d.Slug].code, st.Code(), st.Message())
-				var info *errdetails.ErrorInfo
-				var retry *errdetails.RetryInfo
-				for _, x := range st.Details() {
-					switch x := x.(type) {
-					case *errdetails.ErrorInfo:
-						info = x
-					case *errdetails.RetryInfo:
-						retry = x
-					}
+	ic := &interceptor{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := idem.Classify(tc.outcome, tc.err)
+			require.NotEmpty(t, d.Slug, "a refusal")
+			st := status.Convert(ic.refuse(context.Background(), "/a.S/M", tc.outcome, tc.err))
+			require.Equal(t, want[d.Slug].code, st.Code(), st.Message())
+			var info *errdetails.ErrorInfo
+			var retry *errdetails.RetryInfo
+			for _, x := range st.Details() {
+				switch x := x.(type) {
+				case *errdetails.ErrorInfo:
+					info = x
+				case *errdetails.RetryInfo:
+					retry = x
 				}
-				require.NotNil(t, info)
-				require.Equal(t, want[d.Slug].reason, info.GetReason())
-				if d.RetryAfter == 0 {
-					require.Nil(t, retry, "no RetryInfo where Classify gives no RetryAfter")
-					return
-				}
-				require.NotNil(t, tc.hint, "Classify gave a RetryAfter the case does not expect")
-				require.NotNil(t, retry, "RetryInfo where Classify gives a RetryAfter")
-				hint := tc.hint(hints)
-				got := retry.GetRetryDelay().AsDuration()
-				secs := int64((hint + time.Second - 1) / time.Second)
-				require.Zero(t, got%time.Second)
-				require.GreaterOrEqual(t, int64(got/time.Second), secs)
-				require.LessOrEqual(t, int64(got/time.Second), secs+(secs+4)/5)
-			})
-		}
+			}
+			require.NotNil(t, info)
+			require.Equal(t, want[d.Slug].reason, info.GetReason())
+			if tc.hint == 0 {
+				require.Nil(t, retry, "no RetryInfo where Classify gives no RetryAfter")
+				return
+			}
+			require.NotNil(t, retry, "RetryInfo where Classify gives a RetryAfter")
+			got := retry.GetRetryDelay().AsDuration()
+			secs := int64((tc.hint + time.Second - 1) / time.Second)
+			require.Zero(t, got%time.Second)
+			require.GreaterOrEqual(t, int64(got/time.Second), secs)
+			require.LessOrEqual(t, int64(got/time.Second), secs+(secs+4)/5)
+		})
 	}
 }
 
 // A call whose own context has ended gets the context's code, not
 // Unavailable: the guard could not decide because the client left.
 func TestRefuseEndedContext(t *testing.T) {
-	ic := &interceptor{mdKey: DefaultMetadataKey, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ic := &interceptor{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := ic.refuse(ctx, "/a.S/M", idem.OutcomeNone, fmt.Errorf("idem: claim: %w", context.Canceled))

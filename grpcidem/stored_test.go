@@ -48,7 +48,7 @@ func TestJoinedAnswerIsWhatEveryCallerGets(t *testing.T) {
 		}
 		return nil, status.Error(codes.Unavailable, "the commit's reply was lost")
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first := charge(t, conn, "user-1", key, order(t, 42))
@@ -94,11 +94,11 @@ func renderJSON(fullMethod string, a idem.Response) (any, error) {
 // A key left in progress by an Internal error is settled by a reconciler
 // against PostgreSQL; its retry gets the settled answer, whether the
 // resolver answers in grpcidem's own form (Answer) or in a form of its own
-// that the interceptor's RenderFunc renders (WithRender).
+// that the interceptor's RenderFunc renders (Config.Render).
 func TestReconciledAnswerIsReplayed(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		opts    []grpcidem.Option
+		cfg     *grpcidem.Config
 		resolve func(t *testing.T) (idem.Response, *structpb.Struct)
 	}{
 		{"Answer's form", nil, func(t *testing.T) (idem.Response, *structpb.Struct) {
@@ -107,7 +107,7 @@ func TestReconciledAnswerIsReplayed(t *testing.T) {
 			require.NoError(t, err)
 			return a, want
 		}},
-		{"rendered", []grpcidem.Option{grpcidem.WithRender(renderJSON)}, func(t *testing.T) (idem.Response, *structpb.Struct) {
+		{"rendered", &grpcidem.Config{Render: renderJSON}, func(t *testing.T) (idem.Response, *structpb.Struct) {
 			return httpAnswer(t, "ch_78"), mustStruct(t, map[string]any{"charge": "ch_78"})
 		}},
 	} {
@@ -119,12 +119,12 @@ func TestReconciledAnswerIsReplayed(t *testing.T) {
 				runs.Add(1)
 				return nil, status.Error(codes.Internal, "provider timed out")
 			}
-			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, tc.opts...), h)
+			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, tc.cfg), h)
 			key := newKey()
 			require.Equal(t, codes.Internal, status.Code(charge(t, conn, "user-1", key, order(t, 42)).err))
 
 			answer, want := tc.resolve(t)
-			rec, err := reconcile.New(g, db.store, db.pool, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
+			rec, err := reconcile.New(g, db.store, func(_ context.Context, it reconcile.Item) (reconcile.Decision, error) {
 				require.Equal(t, key, it.Key)
 				return reconcile.Decision{Verdict: reconcile.Settled, Response: answer}, nil
 			}, nil)
@@ -169,16 +169,13 @@ func TestRenderedAnswers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			db := newTestDB(t)
 			g := newGuard(t, db, nil)
-			var opts []grpcidem.Option
-			if tc.render != nil {
-				opts = append(opts, grpcidem.WithRender(tc.render))
-			}
+
 			var runs atomic.Int64
 			h := func(context.Context, string, proto.Message) (proto.Message, error) {
 				runs.Add(1)
 				return nil, status.Error(codes.Internal, "provider timed out")
 			}
-			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, opts...), h)
+			conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, &grpcidem.Config{Render: tc.render}), h)
 			key := newKey()
 			require.Equal(t, codes.Internal, status.Code(charge(t, conn, "user-1", key, order(t, 42)).err))
 			row, err := db.store.Get(t.Context(), "user-1", key)

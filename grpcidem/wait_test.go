@@ -31,21 +31,23 @@ func (w signalWaiter) Subscribe(scope, key string) (<-chan struct{}, func()) {
 }
 
 // waitingGuard is a Guard over a store that announces its answers, woken by
-// a Listener (PostgreSQL LISTEN/NOTIFY) that signals on subscribed.
-func waitingGuard(t *testing.T, subscribed chan<- struct{}) *idem.Guard {
+// a Listener (PostgreSQL LISTEN/NOTIFY) that signals on subscribed, that
+// lets a retry wait up to wait for a running call's answer (0: no waiting).
+func waitingGuard(t *testing.T, subscribed chan<- struct{}, wait time.Duration) *idem.Guard {
 	t.Helper()
 	db := newTestDBWith(t, durable.Config{Notify: true})
-	l, err := durable.NewListener(t.Context(), db.store, db.pool)
+	l, err := durable.NewListener(t.Context(), db.store)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	return newGuard(t, db, &idem.Config{Waiter: signalWaiter{l, subscribed}})
+	return newGuard(t, db, &idem.Config{Waiter: signalWaiter{l, subscribed}, Wait: wait})
 }
 
-// With WithWait, a retry that arrives while the first call runs waits for
-// its answer and gets it, replayed, instead of Aborted; the handler runs once.
+// With the Guard's Wait, a retry that arrives while the first call runs
+// waits for its answer and gets it, replayed, instead of Aborted; the
+// handler runs once.
 func TestWaitGetsTheRunningAnswer(t *testing.T) {
 	subscribed := make(chan struct{}, 1)
-	g := waitingGuard(t, subscribed)
+	g := waitingGuard(t, subscribed, 10*time.Second)
 	started, unblock := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
@@ -55,7 +57,7 @@ func TestWaitGetsTheRunningAnswer(t *testing.T) {
 		}
 		return structpb.NewStruct(map[string]any{"charge": "ch_1"})
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithWait(10*time.Second)), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 
 	first, retry := make(chan result, 1), make(chan result, 1)
@@ -78,18 +80,17 @@ func TestWaitGetsTheRunningAnswer(t *testing.T) {
 	require.EqualValues(t, 1, g.Stats().Waited)
 }
 
-// Without WithWait, the same Guard refuses the retry at once: waiting is the
-// interceptor's choice, not the Guard's.
-func TestNoWaitWithoutWithWait(t *testing.T) {
+// A Guard with a Waiter but no Wait refuses the retry at once.
+func TestNoWaitWithoutWait(t *testing.T) {
 	subscribed := make(chan struct{}, 1)
-	g := waitingGuard(t, subscribed)
+	g := waitingGuard(t, subscribed, 0)
 	started, unblock := make(chan struct{}), make(chan struct{})
 	h := func(ctx context.Context, _ string, _ proto.Message) (proto.Message, error) {
 		close(started)
 		<-unblock
 		return structpb.NewStruct(map[string]any{"charge": "ch_1"})
 	}
-	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata), h)
+	conn := serve(t, grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, nil), h)
 	key := newKey()
 	first := make(chan result, 1)
 	go func() { first <- charge(t, conn, "user-1", key, order(t, 42)) }()
@@ -98,14 +99,4 @@ func TestNoWaitWithoutWithWait(t *testing.T) {
 	require.Empty(t, subscribed, "nobody waited")
 	close(unblock)
 	require.NoError(t, (<-first).err)
-}
-
-// Asking to wait on a Guard that has no Waiter is a misconfiguration: every
-// retry would be refused at once. It fails when the interceptor is built.
-func TestWithWaitNeedsAWaiter(t *testing.T) {
-	g := newGuard(t, newTestDB(t), nil)
-	require.PanicsWithError(t,
-		"idem: waiting up to 5s (WaitFor, WithWait) needs a Guard with Config.Waiter: without one no request waits, and every retry of a running key is refused at once",
-		func() { grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithWait(5*time.Second)) })
-	require.NotPanics(t, func() { grpcidem.UnaryServerInterceptor(g, scopeFromMetadata, grpcidem.WithWait(0)) })
 }

@@ -97,7 +97,7 @@ type Config struct {
 	Retry Retry
 	// MaxBody is the largest request body the Transport buffers to resend;
 	// a larger one is refused with ErrBodyTooLarge, nothing sent. Defaults
-	// to idem.DefaultMaxRequestBody (1 MiB), what the middleware takes.
+	// to idem.DefaultMaxBody (1 MiB), what the middleware takes.
 	MaxBody int64
 }
 
@@ -209,7 +209,7 @@ func New(base http.RoundTripper, cfg *Config) *Transport {
 		panic(fmt.Sprintf("idemclient: Config.MaxBody %d must not be negative", c.MaxBody))
 	}
 	if c.MaxBody == 0 {
-		c.MaxBody = idem.DefaultMaxRequestBody
+		c.MaxBody = idem.DefaultMaxBody
 	}
 	if base == nil {
 		base = http.DefaultTransport

@@ -567,7 +567,7 @@ type answer struct {
 // case's answers are given in turn, and the client must stop at the first
 // final one.
 func TestWhatIsRetried(t *testing.T) {
-	problem := func(slug string) string { return `{"type":"` + idem.DefaultProblemBase + slug + `"}` }
+	problem := func(slug string) string { return `{"type":"` + idem.ProblemBase + slug + `"}` }
 	pj := map[string]string{"Content-Type": "application/problem+json"}
 	inProgress := answer{409, map[string]string{"Content-Type": "application/problem+json; charset=utf-8", "Retry-After": "1"}, problem(idem.ProblemInProgress)}
 	pending := answer{409, map[string]string{"Content-Type": "application/problem+json", "Retry-After": "2"}, problem(idem.ProblemPending)}

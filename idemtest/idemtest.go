@@ -19,16 +19,15 @@
 //			Age: func(t *testing.T, s idem.Store, scope, key string, by time.Duration) {
 //				s.(*mystore.Store).ShiftCreatedAt(scope, key, -by)
 //			},
-//			Retention: 24 * time.Hour,
 //		})
 //	}
 //
 // The PostgreSQL store runs it in durable/conformance_test.go.
 //
-// [MemStore] is an in-memory store for users' unit tests; it cannot join a
-// transaction, so a handler that stores its answer with idem.Complete is
-// tested with package idemtest/pgtest, which gives each test a PostgreSQL
-// store of its own.
+// [MemStore] is an in-memory store for users' unit tests, handlers that
+// store their answer with idem.Complete included; what the handler's real
+// transaction does to that answer is tested with package idemtest/pgtest,
+// which gives each test a PostgreSQL store of its own.
 package idemtest
 
 import (
@@ -59,10 +58,6 @@ type Harness struct {
 	// progress, finished or released: every time the row holds (its claim,
 	// answer, release and hold) moves back by `by`. Required.
 	Age func(t *testing.T, s idem.Store, scope, key string, by time.Duration)
-	// Retention is how long a key of the stores New returns lives. The
-	// suite ages rows by Retention + 1h to expire them, and by Retention/2
-	// to make them old but live. Defaults to durable.DefaultRetention (24h).
-	Retention time.Duration
 	// Sweep, when set, deletes the expired rows of s and returns how many
 	// it deleted. The sweep subtest is skipped when it is nil.
 	Sweep func(t *testing.T, s idem.Store) (int64, error)
@@ -75,9 +70,6 @@ func RunStoreSuite(t *testing.T, h Harness) {
 	t.Helper()
 	if h.New == nil || h.Age == nil {
 		t.Fatal("idemtest: Harness.New and Harness.Age are required")
-	}
-	if h.Retention == 0 {
-		h.Retention = defaultRetention
 	}
 	for _, tc := range storeCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,7 +88,7 @@ type suite struct {
 
 func (x *suite) expire(t *testing.T, scope, key string) {
 	t.Helper()
-	x.h.Age(t, x.s, scope, key, x.h.Retention+time.Hour)
+	x.h.Age(t, x.s, scope, key, x.s.Retention()+time.Hour)
 }
 
 func (x *suite) claim(t *testing.T, p idem.ClaimParams) idem.Record {
@@ -271,9 +263,9 @@ var storeCases = []struct {
 		p := params(t, "user-1", "key-1", "a")
 		x.claim(t, p)
 		require.NoError(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()))
-		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
+		x.h.Age(t, x.s, p.Scope, p.Key, x.s.Retention()/2)
 		x.get(t, p.Scope, p.Key) // still live
-		x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2+time.Hour)
+		x.h.Age(t, x.s, p.Scope, p.Key, x.s.Retention()/2+time.Hour)
 		x.notFound(t, p.Scope, p.Key)
 		require.ErrorIs(t, x.s.Complete(x.ctx, p.Scope, p.Key, p.Owner, answer()), idem.ErrNotFound)
 		require.ErrorIs(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner), idem.ErrNotFound)
@@ -426,7 +418,7 @@ var storeCases = []struct {
 				require.NoError(t, x.s.Release(x.ctx, p.Scope, p.Key, p.Owner))
 			}
 			if i == 2 {
-				x.h.Age(t, x.s, p.Scope, p.Key, x.h.Retention/2)
+				x.h.Age(t, x.s, p.Scope, p.Key, x.s.Retention()/2)
 			} else {
 				x.expire(t, p.Scope, p.Key)
 			}

@@ -17,13 +17,6 @@ import (
 // MemStoreConfig configures a [MemStore]. The zero value, like a nil
 // *MemStoreConfig, gives the defaults.
 type MemStoreConfig struct {
-	// Retention is how long a key lives from its claim, as
-	// durable.Config.Retention. It must not be negative, and an idem.Guard
-	// refuses one not longer than its MaxHold (46.5s by default).
-	//
-	// Defaults to durable.DefaultRetention (24h).
-	Retention time.Duration
-
 	// Now is the store's clock: it stamps CreatedAt and CompletedAt and
 	// decides which keys have expired, as the database clock does for the
 	// PostgreSQL store. It is called with the store's lock held, so it must
@@ -40,9 +33,12 @@ type MemStoreConfig struct {
 // MemStore is an in-memory [idem.Store] for unit tests: a Guard over it runs
 // work at most once per key without PostgreSQL. It keeps the promises of the
 // PostgreSQL store (*durable.Store) that [RunStoreSuite] checks, and passes
-// it, but one: it cannot join a transaction (idem.Complete inside the work
-// returns idem.ErrJoinUnsupported); test that path with the PostgreSQL store
-// of package idemtest/pgtest. The promises it keeps:
+// it. Its keys live 24h after their answer or release, as with
+// durable.DefaultRetention; [MemStore.Age] expires one at once. It joins any
+// transaction value (see [MemStore.Join]), so a handler that calls
+// idem.Complete runs over it too; what a real transaction does to the answer
+// (a rollback) is tested with the PostgreSQL store of package
+// idemtest/pgtest. The promises it keeps:
 //
 //   - among any number of concurrent Claims of one key exactly one wins; the
 //     others get the live row; an expired row is taken over by the next Claim
@@ -74,10 +70,10 @@ type MemStore struct {
 	rows map[memKey]*memRow
 }
 
-// defaultRetention is durable.DefaultRetention, which this package does not
-// import so that a test over a MemStore links no PostgreSQL driver
+// retention is durable.DefaultRetention, which this package does not import
+// so that a test over a MemStore links no PostgreSQL driver
 // (TestMemStoreDefaults checks that the two agree).
-const defaultRetention = 24 * time.Hour
+const retention = 24 * time.Hour
 
 type memKey struct{ scope, key string }
 
@@ -101,30 +97,30 @@ type memAnswer struct {
 	body    []byte
 }
 
-var _ idem.Store = (*MemStore)(nil)
+var (
+	_ idem.Store  = (*MemStore)(nil)
+	_ idem.Joiner = (*MemStore)(nil)
+)
 
-// NewMemStore returns an empty MemStore. A nil cfg gives the defaults. It
-// panics if cfg.Retention is negative: a test helper's misconfiguration is a
-// bug of the test.
+// NewMemStore returns an empty MemStore. A nil cfg gives the defaults.
 func NewMemStore(cfg *MemStoreConfig) *MemStore {
 	var c MemStoreConfig
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Retention < 0 {
-		panic(fmt.Sprintf("idemtest: MemStoreConfig.Retention %v must not be negative", c.Retention))
-	}
-	if c.Retention == 0 {
-		c.Retention = defaultRetention
-	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &MemStore{retention: c.Retention, now: c.Now, rows: make(map[memKey]*memRow)}
+	return &MemStore{retention: retention, now: c.Now, rows: make(map[memKey]*memRow)}
 }
 
-// Retention returns how long a key lives from its claim.
+// Retention returns how long a key lives after its answer or release: 24h.
 func (s *MemStore) Retention() time.Duration { return s.retention }
+
+// Join returns the MemStore itself, whatever tx is (a unit test's stand-in
+// for the handler's transaction, or nil): an answer idem.Complete writes
+// through it is stored at once, as if tx had committed. It never fails.
+func (s *MemStore) Join(tx any) (idem.Store, error) { return s, nil }
 
 // Claim tries to make p.Owner the owner of the key, as [durable.Store.Claim]:
 // it creates an in-progress row, or takes over an expired one (a new intent:

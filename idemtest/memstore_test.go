@@ -19,30 +19,18 @@ import (
 )
 
 // TestMemStoreConformance runs the idem.Store conformance suite against the
-// in-memory store, with the default retention and with a short one.
+// in-memory store.
 func TestMemStoreConformance(t *testing.T) {
-	for _, retention := range []time.Duration{0, time.Hour} {
-		name := "retention=default"
-		if retention != 0 {
-			name = "retention=" + retention.String()
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			idemtest.RunStoreSuite(t, idemtest.Harness{
-				New: func(t *testing.T) idem.Store {
-					return idemtest.NewMemStore(&idemtest.MemStoreConfig{Retention: retention})
-				},
-				Age: func(t *testing.T, s idem.Store, scope, key string, by time.Duration) {
-					t.Helper()
-					require.True(t, s.(*idemtest.MemStore).Age(scope, key, by), "a row to age")
-				},
-				Retention: retention,
-				Sweep: func(t *testing.T, s idem.Store) (int64, error) {
-					return s.(*idemtest.MemStore).Sweep(t.Context())
-				},
-			})
-		})
-	}
+	idemtest.RunStoreSuite(t, idemtest.Harness{
+		New: func(t *testing.T) idem.Store { return idemtest.NewMemStore(nil) },
+		Age: func(t *testing.T, s idem.Store, scope, key string, by time.Duration) {
+			t.Helper()
+			require.True(t, s.(*idemtest.MemStore).Age(scope, key, by), "a row to age")
+		},
+		Sweep: func(t *testing.T, s idem.Store) (int64, error) {
+			return s.(*idemtest.MemStore).Sweep(t.Context())
+		},
+	})
 }
 
 func token(t *testing.T) idem.Token {
@@ -88,15 +76,11 @@ func TestMemStoreDefaults(t *testing.T) {
 	g, err := idem.New(s, &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err, "a Guard accepts the default retention")
 	require.NotNil(t, g)
-
-	require.PanicsWithValue(t, "idemtest: MemStoreConfig.Retention -1s must not be negative", func() {
-		idemtest.NewMemStore(&idemtest.MemStoreConfig{Retention: -time.Second})
-	})
 }
 
 func TestMemStoreClock(t *testing.T) {
 	c := &clock{now: time.Date(2026, 1, 2, 3, 4, 5, 6789, time.UTC)}
-	s := idemtest.NewMemStore(&idemtest.MemStoreConfig{Retention: time.Hour, Now: c.Now})
+	s := idemtest.NewMemStore(&idemtest.MemStoreConfig{Now: c.Now})
 	ctx := t.Context()
 	p := claimParams(t, "u", "k", "a")
 	rec, claimed, err := s.Claim(ctx, p)
@@ -110,7 +94,7 @@ func TestMemStoreClock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Date(2026, 1, 2, 3, 5, 5, 6000, time.UTC), rec.CompletedAt)
 
-	c.Advance(time.Hour)
+	c.Advance(s.Retention())
 	_, err = s.Get(ctx, p.Scope, p.Key)
 	require.NoError(t, err, "live while answered at most Retention ago")
 	c.Advance(time.Microsecond)
@@ -231,4 +215,29 @@ func TestMemStoreSweep(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.False(t, s.Age("u", "k", 0), "the row is gone")
+}
+
+// A handler that stores its answer with idem.Complete runs over a MemStore:
+// the answer it completed is the one Do returns and every retry replays,
+// whatever the work returned after it.
+func TestMemStoreJoinsComplete(t *testing.T) {
+	g, err := idem.New(idemtest.NewMemStore(nil), &idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	req := idem.Request{Scope: "u", Key: "k", Fingerprint: idem.HashParts([]byte("a"))}
+	completed := idem.Response{Status: 201, Body: []byte("order 1")}
+	var runs int
+	work := func(ctx context.Context) (idem.Response, error) {
+		runs++
+		if err := idem.Complete(ctx, nil, completed); err != nil {
+			return idem.Response{}, err
+		}
+		return idem.Response{Status: 200, Body: []byte("something else")}, nil
+	}
+	for i, want := range []idem.Outcome{idem.OutcomeExecuted, idem.OutcomeReplayed} {
+		resp, out, err := g.Do(t.Context(), req, work)
+		require.NoError(t, err, "call %d", i)
+		require.Equal(t, want, out, "call %d", i)
+		require.True(t, resp.Equal(completed), "call %d: the completed answer, got %d %q", i, resp.Status, resp.Body)
+	}
+	require.Equal(t, 1, runs)
 }

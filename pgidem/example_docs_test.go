@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
 	"github.com/idemguard/idem/pgidem"
 	"github.com/idemguard/idem/reconcile"
 )
@@ -116,7 +117,7 @@ func ExampleNew_production() {
 	if err := durable.Migrate(ctx, pool, nil); err != nil { // creates idempotency_keys; safe on every instance
 		log.Fatal(err)
 	}
-	// Redis for the hybrid strategy; pass nil instead for PostgreSQL alone.
+	// Redis for the hybrid strategy; leave Guard.Lock nil for PostgreSQL alone.
 	rdb := redis.NewClient(&redis.Options{ // as docs/configuration.md explains
 		Addr:                  os.Getenv("REDIS_ADDR"),
 		ContextTimeoutEnabled: true,
@@ -125,7 +126,11 @@ func ExampleNew_production() {
 		DialTimeout:           250 * time.Millisecond,
 	})
 	defer rdb.Close()
-	svc, err := pgidem.New(pool, rdb, resolve, nil) // a nil Config: every default
+	locker, err := lock.New(rdb, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	svc, err := pgidem.New(pool, resolve, &pgidem.Config{Guard: &idem.Config{Lock: locker}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -134,7 +139,7 @@ func ExampleNew_production() {
 
 	scope := func(r *http.Request) (string, bool) { return userID(r.Context()) }
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", svc.Middleware(scope, nil)(http.HandlerFunc(createOrder)))
+	mux.Handle("POST /orders", svc.Guard().Middleware(scope, nil)(http.HandlerFunc(createOrder)))
 
 	srv := httptest.NewServer(authenticate(mux))
 	for range 2 { // the click, then the browser's retry
@@ -167,7 +172,7 @@ func ExampleNew_production() {
 	// strategy: hybrid
 }
 
-// The docs' waiting retries: Config.Wait, with every instance announcing
+// The docs' waiting retries: the Guard's Wait, with every instance announcing
 // answers (Store.Notify); Run keeps the Listener behind the Guard.
 func ExampleConfig_wait() {
 	defer docsEnv(context.Background())()
@@ -185,10 +190,9 @@ func ExampleConfig_wait() {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	svc, err := pgidem.New(pool, nil, resolve, &pgidem.Config{
-		Store: &durable.Config{Notify: true}, // on every instance: answers are announced
-		Guard: &idem.Config{Logger: quiet},
-		Wait:  5 * time.Second, // a retry waits up to 5s for a running request's answer
+	svc, err := pgidem.New(pool, resolve, &pgidem.Config{
+		Store: &durable.Config{Notify: true},                      // on every instance: answers are announced
+		Guard: &idem.Config{Logger: quiet, Wait: 5 * time.Second}, // a retry waits up to 5s for a running request's answer
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -196,12 +200,12 @@ func ExampleConfig_wait() {
 	ran := make(chan error, 1)
 	go func() { ran <- svc.Run(ctx) }() // the Listener too
 
-	_, err = pgidem.New(pool, nil, resolve, &pgidem.Config{Wait: 5 * time.Second})
+	_, err = pgidem.New(pool, resolve, &pgidem.Config{Guard: &idem.Config{Wait: 5 * time.Second}})
 	fmt.Println(err)
 
 	shutdown()
 	fmt.Println("stopped:", <-ran)
 	// Output:
-	// pgidem: Config.Wait 5s needs Config.Store.Notify: without announcements every waiting retry waits its whole bound, then gets 409
+	// pgidem: Config.Guard.Wait 5s needs Config.Store.Notify: without announcements every waiting retry waits its whole bound, then gets 409
 	// stopped: <nil>
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
 	"github.com/idemguard/idem/pgidem"
 	"github.com/idemguard/idem/reconcile"
 )
@@ -57,7 +58,11 @@ func ExampleNew() {
 	resolve := func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 		return reconcile.Decision{Verdict: reconcile.Unknown}, nil // asked again later
 	}
-	svc, err := pgidem.New(pool, rdb, resolve, &pgidem.Config{Store: store, Guard: &idem.Config{Logger: quiet()}})
+	locker, err := lock.New(rdb, nil) // the hybrid strategy
+	if err != nil {
+		log.Fatal(err)
+	}
+	svc, err := pgidem.New(pool, resolve, &pgidem.Config{Store: store, Guard: &idem.Config{Lock: locker, Logger: quiet()}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -68,7 +73,7 @@ func ExampleNew() {
 	scope := func(r *http.Request) (string, bool) {
 		return strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	h := svc.Middleware(scope, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := svc.Guard().Middleware(scope, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/orders/1")
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -81,7 +86,6 @@ func ExampleNew() {
 		fmt.Printf("%d location=%s replayed=%q\n", w.Code, w.Header().Get("Location"), w.Header().Get(idem.HeaderReplayed))
 	}
 	fmt.Println("strategy:", svc.Guard().Strategy())
-	fmt.Println("pending Retry-After:", svc.RetryHints().Pending)
 
 	stop()
 	fmt.Println("stopped:", <-ran)
@@ -89,6 +93,5 @@ func ExampleNew() {
 	// 201 location=/orders/1 replayed=""
 	// 201 location=/orders/1 replayed="true"
 	// strategy: hybrid
-	// pending Retry-After: 43.5s
 	// stopped: <nil>
 }

@@ -56,7 +56,7 @@ func setup(t *testing.T, withRedis bool) *bundle {
 		ctx: t.Context(), pool: pool, schema: testdb.SchemaName(t, pool),
 		results: make(chan reconcile.Result, 100), sweeps: make(chan int64, 100),
 	}
-	b.table = pgx.Identifier{b.schema, durable.DefaultTable}.Sanitize()
+	b.table = pgx.Identifier{b.schema, "idempotency_keys"}.Sanitize()
 	require.NoError(t, durable.Migrate(b.ctx, pool, &durable.Config{Schema: b.schema}))
 	if withRedis {
 		c := testredis.Client(t)
@@ -65,27 +65,48 @@ func setup(t *testing.T, withRedis bool) *bundle {
 	return b
 }
 
-// config is a Config over b's schema and prefix that reports every run of
-// the reconciler and the sweeper on b's channels.
-func (b *bundle) config() *pgidem.Config {
+// config is a Config over b's schema and prefix (the hybrid strategy when b
+// has Redis) whose Logger reports every run of the reconciler and the
+// sweeper on b's channels.
+func (b *bundle) config(t *testing.T) *pgidem.Config {
+	t.Helper()
 	c := &pgidem.Config{
 		Store: &durable.Config{Schema: b.schema, AdmissionWait: time.Minute},
-		Guard: &idem.Config{Logger: quiet()},
-		Reconcile: &reconcile.Config{OnResult: func(res reconcile.Result, _ time.Duration, err error) {
-			if err == nil {
-				b.results <- res
-			}
-		}},
-		Sweep: &durable.SweeperConfig{OnSweep: func(deleted int64, _ time.Duration, err error) {
-			if err == nil {
-				b.sweeps <- deleted
-			}
-		}},
+		Guard: &idem.Config{Logger: slog.New(runLog{b})},
 	}
 	if b.rdb != nil {
-		c.Lock = &lock.Config{Prefix: b.prefix}
+		l, err := lock.New(b.rdb, &lock.Config{Prefix: b.prefix})
+		require.NoError(t, err)
+		c.Guard.Lock = l
 	}
 	return c
+}
+
+// runLog is a slog.Handler that reports, on b's channels, every run of the
+// reconciler (its Result) and of the sweeper (the rows it deleted) that went
+// through, as their one log line per run says.
+type runLog struct{ b *bundle }
+
+func (runLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h runLog) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h runLog) WithGroup(string) slog.Handler          { return h }
+
+func (h runLog) Handle(_ context.Context, r slog.Record) error {
+	n := map[string]int64{}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindInt64 {
+			n[a.Key] = a.Value.Int64()
+		}
+		return true
+	})
+	switch r.Message {
+	case "idem: reconcile run", "idem: reconcile found nothing to do":
+		h.b.results <- reconcile.Result{Settled: int(n["settled"]), Released: int(n["released"]),
+			Unknown: int(n["unknown"]), Skipped: int(n["skipped"]), Errors: int(n["errors"])}
+	case "idem: swept expired keys", "idem: sweep found nothing to delete":
+		h.b.sweeps <- n["deleted"]
+	}
+	return nil
 }
 
 // age moves a row's claim and deadline back by, as if it had been claimed
@@ -177,9 +198,9 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 		t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-		cfg := b.config()
+		cfg := b.config(t)
 		cfg.Guard.MeterProvider = mp
-		svc, err := pgidem.New(b.pool, b.rdb, resolve, cfg)
+		svc, err := pgidem.New(b.pool, resolve, cfg)
 		require.NoError(t, err)
 		if withRedis {
 			require.Equal(t, "hybrid", svc.Guard().Strategy())
@@ -187,22 +208,20 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 			require.Equal(t, "table", svc.Guard().Strategy())
 		}
 		var runs atomic.Int32
-		h := svc.Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := svc.Guard().Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			http.Error(w, "payment timed out", http.StatusGatewayTimeout)
 		}))
 		require.Equal(t, http.StatusGatewayTimeout, post(h, key).StatusCode)
 		b.age(t, "user-1", key, "2 minutes")
 		if !withRedis {
-			// Pending: the Retry-After the reconciler's settings give,
-			// MinAge 1m - MaxHold 46.5s + Interval 30s, plus its jitter.
+			// Pending: 30s, plus its jitter.
 			resp := post(h, key)
 			require.Equal(t, http.StatusConflict, resp.StatusCode)
 			secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 			require.NoError(t, err)
-			require.Equal(t, 43500*time.Millisecond, svc.RetryHints().Pending)
-			require.GreaterOrEqual(t, secs, 44)
-			require.LessOrEqual(t, secs, 44+9)
+			require.GreaterOrEqual(t, secs, 30)
+			require.LessOrEqual(t, secs, 36)
 		}
 		b.seedExpired(t, "old", "k1")
 
@@ -247,7 +266,7 @@ func TestRunSettlesAndSweeps(t *testing.T) {
 	})
 }
 
-// TestRunWakesWaiters: with Config.Wait, Run keeps the Listener behind the
+// TestRunWakesWaiters: with the Guard's Wait, Run keeps the Listener behind the
 // Guard, so a retry that finds its key running waits for the answer instead
 // of a 409; a retry that began to wait before Run listened is handed over to
 // the Listener.
@@ -264,10 +283,10 @@ func TestRunWakesWaiters(t *testing.T) {
 
 func testWakesWaiters(t *testing.T, withRedis, early bool) {
 	b := setup(t, withRedis)
-	cfg := b.config()
+	cfg := b.config(t)
 	cfg.Store.Notify = true
-	cfg.Wait = 20 * time.Second
-	svc, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+	cfg.Guard.Wait = 20 * time.Second
+	svc, err := pgidem.New(b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 		return reconcile.Decision{}, nil
 	}, cfg)
 	require.NoError(t, err)
@@ -298,7 +317,7 @@ func testWakesWaiters(t *testing.T, withRedis, early bool) {
 	go func() {
 		resp, out, err := svc.Guard().Do(b.ctx, req, func(context.Context) (idem.Response, error) {
 			return idem.Response{}, errors.New("the retry must not run")
-		}, idem.WaitFor(cfg.Wait))
+		})
 		retry <- result{resp, out, err}
 	}()
 	// The retry was refused once, subscribed, and was refused again by
@@ -327,10 +346,10 @@ func testWakesWaiters(t *testing.T, withRedis, early bool) {
 func TestRunStops(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, withRedis bool) {
 		b := setup(t, withRedis)
-		cfg := b.config()
+		cfg := b.config(t)
 		cfg.Store.Notify = true
-		cfg.Wait = time.Second // a Listener too
-		svc, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+		cfg.Guard.Wait = time.Second // a Listener too
+		svc, err := pgidem.New(b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			return reconcile.Decision{}, nil
 		}, cfg)
 		require.NoError(t, err)
@@ -363,66 +382,52 @@ func TestNewRefusesMisconfigurations(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
+	locker, err := lock.New(rdb, nil)
+	require.NoError(t, err)
 	resolve := func(context.Context, reconcile.Item) (reconcile.Decision, error) { return reconcile.Decision{}, nil }
 	tests := []struct {
 		name string
-		rdb  redis.UniversalClient
 		cfg  *pgidem.Config
 		err  string
 	}{
-		{name: "wait without notifications", cfg: &pgidem.Config{Wait: 5 * time.Second},
-			err: "pgidem: Config.Wait 5s needs Config.Store.Notify"},
-		{name: "negative wait", cfg: &pgidem.Config{Wait: -time.Second}, err: "pgidem: Config.Wait -1s must not be negative"},
-		{name: "wait past MaxHold", cfg: &pgidem.Config{Wait: time.Minute, Store: &durable.Config{Notify: true}},
-			err: "pgidem: Config.Wait 1m0s must be shorter than the Guard's MaxHold 46.5s"},
+		{name: "wait without notifications", cfg: &pgidem.Config{Guard: &idem.Config{Wait: 5 * time.Second}},
+			err: "pgidem: Config.Guard.Wait 5s needs Config.Store.Notify"},
+		{name: "negative wait", cfg: &pgidem.Config{Guard: &idem.Config{Wait: -time.Second}}, err: "pgidem: Config.Guard: idem: Config.Wait must not be negative, got -1s"},
+		{name: "wait past MaxHold", cfg: &pgidem.Config{Guard: &idem.Config{Wait: time.Minute}, Store: &durable.Config{Notify: true}},
+			err: "pgidem: Config.Guard: idem: Config.Wait 1m0s must be shorter than the Guard's MaxHold 46.5s"},
 		{name: "retention a pending key could outlive", cfg: &pgidem.Config{Store: &durable.Config{Retention: 80 * time.Second}},
 			err: "pgidem: Config.Reconcile: reconcile: Config.MinAge 1m0s + Config.Interval 30s: must be shorter than the store's retention 1m20s"},
-		{name: "retention a client told to come back could outlive", cfg: &pgidem.Config{
-			Store:     &durable.Config{Retention: 650 * time.Second},
-			Reconcile: &reconcile.Config{MinAge: 10 * time.Minute, Interval: 10 * time.Second},
-		}, err: "pgidem: Config.Store.Retention 10m50s must be longer than the longest Retry-After of a pending key, 11m17s"},
 		{name: "retention a running key could outlive", cfg: &pgidem.Config{Store: &durable.Config{Retention: 40 * time.Second}},
 			err: "pgidem: Config.Guard: idem: the store's retention 40s must be longer than the Guard's MaxHold"},
 		{name: "reconciler younger than MaxHold", cfg: &pgidem.Config{Reconcile: &reconcile.Config{MinAge: 30 * time.Second}},
 			err: "pgidem: Config.Reconcile: reconcile: Config.MinAge 30s: must be longer than the Guard's MaxHold 46.5s"},
-		{name: "lock by hand", cfg: &pgidem.Config{Guard: &idem.Config{Lock: &lock.Locker{}}}, err: "pgidem: Config.Guard.Lock must be nil"},
-		{name: "waiter by hand", cfg: &pgidem.Config{Guard: &idem.Config{Waiter: &durable.Listener{}}}, err: "pgidem: Config.Guard.Waiter must be nil"},
-		{name: "lock config without Redis", cfg: &pgidem.Config{Lock: &lock.Config{}}, err: "pgidem: Config.Lock is set but New has no Redis client"},
-		{name: "typed nil Redis client", rdb: (*redis.Client)(nil), cfg: &pgidem.Config{Lock: &lock.Config{}}, err: "pgidem: Config.Lock is set but New has no Redis client"},
-		{name: "invalid lock", rdb: rdb, cfg: &pgidem.Config{Lock: &lock.Config{TTL: 1500 * time.Millisecond}}, err: "pgidem: Config.Lock: lock: Config.TTL 1.5s"},
 		{name: "invalid store", cfg: &pgidem.Config{Store: &durable.Config{Schema: "Bad-Name"}}, err: "pgidem: Config.Store: durable: Config.Schema"},
-		{name: "invalid sweeper", cfg: &pgidem.Config{Sweep: &durable.SweeperConfig{Interval: -time.Second}}, err: "pgidem: Config.Sweep: durable: SweeperConfig.Interval"},
-		{name: "a second MeterProvider", cfg: &pgidem.Config{Reconcile: &reconcile.Config{MeterProvider: noopProvider()}},
-			err: "pgidem: Config.Reconcile.MeterProvider must be nil"},
-		{name: "a sweeper's MeterProvider", cfg: &pgidem.Config{Sweep: &durable.SweeperConfig{MeterProvider: noopProvider()}},
-			err: "pgidem: Config.Sweep.MeterProvider must be nil"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := pgidem.New(pool, tt.rdb, resolve, tt.cfg)
+			_, err := pgidem.New(pool, resolve, tt.cfg)
 			require.ErrorContains(t, err, tt.err)
 			require.NotContains(t, err.Error(), "\n", "one line")
 		})
 	}
 
-	_, err := pgidem.New(nil, nil, resolve, nil)
+	_, err = pgidem.New(nil, resolve, nil)
 	require.ErrorContains(t, err, "pgidem: nil pool")
-	_, err = pgidem.New(pool, nil, nil, nil)
+	_, err = pgidem.New(pool, nil, nil)
 	require.ErrorContains(t, err, "pgidem: nil ResolveFunc")
 
-	// Valid: a nil Config, the hybrid, waiting with notifications.
-	for _, c := range []struct {
-		rdb redis.UniversalClient
-		cfg *pgidem.Config
-	}{
-		{nil, nil},
-		{rdb, nil},
-		{rdb, &pgidem.Config{Lock: &lock.Config{Prefix: "p:"}, Wait: 5 * time.Second, Store: &durable.Config{Notify: true}}},
+	// Valid: a nil Config, the hybrid, waiting with notifications, a Waiter
+	// of the caller's own, a MeterProvider for the store alone.
+	for _, cfg := range []*pgidem.Config{
+		nil,
+		{Guard: &idem.Config{Lock: locker}},
+		{Guard: &idem.Config{Lock: locker, Wait: 5 * time.Second}, Store: &durable.Config{Notify: true}},
+		{Guard: &idem.Config{Waiter: &durable.Listener{}, Wait: 5 * time.Second}},
+		{Store: &durable.Config{MeterProvider: noopProvider()}},
 	} {
-		svc, err := pgidem.New(pool, c.rdb, resolve, c.cfg)
+		svc, err := pgidem.New(pool, resolve, cfg)
 		require.NoError(t, err)
 		require.NotNil(t, svc.Guard())
-		require.Equal(t, 43500*time.Millisecond, svc.RetryHints().Pending, "MinAge 1m - MaxHold 46.5s + Interval 30s")
 	}
 }
 
@@ -435,25 +440,25 @@ func TestShutdown(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, withRedis bool) {
 		t.Parallel()
 		b := setup(t, withRedis)
-		svc, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+		svc, err := pgidem.New(b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			return reconcile.Decision{}, nil
-		}, b.config())
+		}, b.config(t))
 		require.NoError(t, err)
 		stopped := make(chan error, 1)
 		go func() { stopped <- svc.Run(b.ctx) }()
 		receive(t, b.results, "reconcile run")
 
 		var runs atomic.Int32
-		h := svc.Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := svc.Guard().Middleware(bearer, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			w.WriteHeader(http.StatusCreated)
 		}))
 		require.Equal(t, http.StatusCreated, post(h, "k-before").StatusCode)
 		require.NoError(t, svc.Shutdown(b.ctx))
 		require.NoError(t, receive(t, stopped, "Run's return"), "Shutdown stopped Run")
-		early, err := pgidem.New(b.pool, b.rdb, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
+		early, err := pgidem.New(b.pool, func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 			return reconcile.Decision{}, nil
-		}, b.config())
+		}, b.config(t))
 		require.NoError(t, err)
 		require.NoError(t, early.Shutdown(b.ctx))
 		require.NoError(t, early.Run(b.ctx), "a Run after Shutdown starts nothing and returns")

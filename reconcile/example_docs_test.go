@@ -96,7 +96,7 @@ func ExampleNew() {
 	}
 	ctx = clock.WithHeadStart(ctx, 2*time.Minute)
 
-	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+	rec, err := reconcile.New(guard, store, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 		orderID := idem.DeriveID("ord_", "order", it.Intent) // as the request derived it
 		paymentKey, err := idem.DownstreamKey("order", orderID)
 		if err != nil {

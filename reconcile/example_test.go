@@ -64,7 +64,7 @@ func ExampleReconciler_RunOnce() {
 	_, _, err = guard.Do(ctx, req, notAgain)
 	fmt.Println("retry:", err)
 
-	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+	rec, err := reconcile.New(guard, store, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 		if !charged["order-A1"] { // a real resolver derives the provider's key from it
 			return reconcile.Decision{Verdict: reconcile.NothingHappened}, nil
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 func TestBackoff(t *testing.T) {
-	r := &Reconciler{cfg: Config{BackoffBase: 30 * time.Second, BackoffMax: time.Hour}}
+	r := &Reconciler{cfg: settings{BackoffBase: backoffBase, BackoffMax: backoffMax}}
 	tests := []struct {
 		attempts int
 		want     time.Duration

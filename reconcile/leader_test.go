@@ -44,20 +44,20 @@ func newFleet(t *testing.T, pool func(testing.TB) *pgxpool.Pool) *fleet {
 // instance starts one instance whose reconciler resolves with resolve.
 func (f *fleet) instance(t *testing.T, resolve reconcile.ResolveFunc) (*bundle, *reconcile.Reconciler) {
 	t.Helper()
-	return f.instanceOn(t, f.pool(t), nil, resolve)
+	return f.instanceOn(t, f.pool(t), reconcile.Tuning{}, resolve)
 }
 
 // instanceOn is instance with its statements run through db and its
-// reconciler configured by cfg.
-func (f *fleet) instanceOn(t *testing.T, db durable.DB, cfg *reconcile.Config, resolve reconcile.ResolveFunc) (*bundle, *reconcile.Reconciler) {
+// reconciler tuned by tune.
+func (f *fleet) instanceOn(t *testing.T, db durable.DB, tune reconcile.Tuning, resolve reconcile.ResolveFunc) (*bundle, *reconcile.Reconciler) {
 	t.Helper()
 	store, err := durable.New(db, f.cfg)
 	require.NoError(t, err)
 	g, err := idem.New(store, &idem.Config{Logger: quiet(), WorkTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	rec, err := reconcile.New(g, store, db, resolve, cfg)
+	rec, err := reconcile.New(g, store, resolve, nil)
 	require.NoError(t, err)
-	return &bundle{ctx: f.ctx, guard: g, store: store, pool: f.direct, res: &resolver{}}, rec
+	return &bundle{ctx: f.ctx, guard: g, store: store, pool: f.direct, res: &resolver{}}, reconcile.Tune(rec, tune)
 }
 
 // leadership records which reconciler is resolving, and fails the test as
@@ -256,7 +256,7 @@ func TestReconcilersPausedLeaderIsFenced(t *testing.T) {
 				paused := &pausable{db: f.pool(t), arrived: make(chan string, 16)}
 				resolving, decide := make(chan struct{}), make(chan struct{})
 				// A's lease lasts four StoreTimeouts: 4s.
-				a, first := f.instanceOn(t, paused, &reconcile.Config{StoreTimeout: time.Second},
+				a, first := f.instanceOn(t, paused, reconcile.Tuning{StoreTimeout: time.Second},
 					func(context.Context, reconcile.Item) (reconcile.Decision, error) {
 						close(resolving)
 						<-decide

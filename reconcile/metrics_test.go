@@ -3,21 +3,26 @@ package reconcile_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/reconcile"
 )
 
-// The reconciler's metrics come from a MeterProvider, as the Guard's do: keys
-// by result, runs and their duration by outcome.
+// The reconciler's metrics go to the Guard's MeterProvider, beside the
+// Guard's own: keys by result, runs and their duration by outcome.
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	b := setup(t, "table")
+	var err error
+	b.guard, err = idem.New(b.store, &idem.Config{Logger: quiet(), WorkTimeout: 10 * time.Second, MeterProvider: mp})
+	require.NoError(t, err)
 	settled, unknown := request(newKey()), request(newKey())
 	b.timedOut(t, settled)
 	b.timedOut(t, unknown)
@@ -29,7 +34,7 @@ func TestMetrics(t *testing.T) {
 		}
 		return reconcile.Decision{}, nil
 	})
-	r := b.reconciler(t, &reconcile.Config{MeterProvider: mp})
+	r := b.reconciler(t, nil)
 	require.Equal(t, reconcile.Result{Settled: 1, Unknown: 1}, b.runOnce(t, r))
 	require.Equal(t, reconcile.Result{}, b.runOnce(t, r))
 
@@ -38,6 +43,9 @@ func TestMetrics(t *testing.T) {
 	keys, runs := map[string]int64{}, map[string]int64{}
 	var durations uint64
 	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != "github.com/idemguard/idem/reconcile" {
+			continue // the Guard's own
+		}
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:

@@ -20,7 +20,7 @@
 //     survives restarts and changes of the instance that reconciles.
 //
 // A Reconciler works one instance at a time across a fleet (a lease per
-// table, see durable.Leader, which works through any connection pooler), so
+// table, see durable.Store.Lead, which works through any connection pooler), so
 // it is safe, and intended, to run one on every instance.
 //
 // Every execution holds a row in both strategies, so a process that dies
@@ -33,8 +33,8 @@
 // statement that checks, with the row, both the attempt that was listed (its
 // owner token: a key finished, released or claimed anew while the
 // ResolveFunc worked is skipped) and the run's lease, on the database's clock
-// alone (durable.Leader.Do). A leader paused longer than its lease (a
-// SIGSTOP, a VM pause; the lease lasts four StoreTimeouts) cannot stop
+// alone (durable.Store.Lead). A leader paused longer than its lease (a
+// SIGSTOP, a VM pause; the lease lasts 20s) cannot stop
 // itself, and the next leader may resolve the same key meanwhile; when the
 // paused one resumes, its decision changes nothing: it is dropped, counted in
 // Result.Skipped, logged once, and its run ends with durable.ErrLeaseLost.
@@ -45,7 +45,7 @@
 //
 // # Usage
 //
-//	rec, err := reconcile.New(guard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+//	rec, err := reconcile.New(guard, store, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 //		orderID := idem.DeriveID("ord_", "order", it.Intent) // as the work derived it
 //		paymentKey, err := idem.DownstreamKey("order", orderID) // the key the work sent
 //		if err != nil {
@@ -171,19 +171,19 @@ type Decision struct {
 	// Response is the final answer, for Settled only, in the form the
 	// key's transport replays: the HTTP middleware sends it as it is;
 	// grpcidem's interceptor sends the form grpcidem.Answer gives, and any
-	// other through its WithRender.
+	// other through its Config.Render.
 	Response idem.Response
 }
 
 // ResolveFunc learns the real outcome of a key left in progress. It must
-// honour ctx, which carries [Config.ResolveTimeout]. A returned error, like a
+// honour ctx, which ends after 10s. A returned error, like a
 // panic or an invalid Decision, counts as Unknown: it is logged and the key
 // is tried again after a backoff. A Reconciler calls it from one goroutine at
 // a time.
 //
 // WARNING: across a fleet it may run twice at once for one key. A leader
 // that is paused longer than its lease (a SIGSTOP, a VM pause: the lease
-// lasts four of the Reconciler's StoreTimeouts) cannot stop its own code,
+// lasts 20s) cannot stop its own code,
 // and the next leader resolves the same key meanwhile. Only the decisions
 // are fenced by the lease (the paused leader's is dropped, see the package
 // doc); what the resolver does is not, and may land late, after the next
@@ -199,7 +199,7 @@ type ResolveFunc func(ctx context.Context, it Item) (Decision, error)
 // use the Guard that serves the requests, so that its stats, logs and
 // metrics see the reconciler's actions. The ctx of Settle and Release
 // carries the run's lease: passed on to the Guard's durable.Store (the one
-// given to [New]), it fences the write (see durable.Leader.Do).
+// given to [New]), it fences the write (see durable.Store.Lead).
 type Guard interface {
 	Settle(ctx context.Context, scope, key string, owner idem.Token, resp idem.Response) error
 	Release(ctx context.Context, scope, key string, owner idem.Token) error
@@ -209,6 +209,9 @@ type Guard interface {
 	// (keys appear only as key_hash, idem.KeyHash) and one per run that did
 	// something: the Guard's Config.Logger.
 	Logger() *slog.Logger
+	// MeterProvider receives the reconciler's metrics (see New): the
+	// Guard's Config.MeterProvider, nil for none.
+	MeterProvider() metric.MeterProvider
 }
 
 // Store is the idempotency table a Reconciler works on. *durable.Store
@@ -217,9 +220,15 @@ type Guard interface {
 // it (see durable.Store.ListPostponed and the methods beside it), and settles
 // or releases them through the Guard.
 type Store interface {
-	// Table is the quoted, qualified table name; the reconciler's lease
-	// is kept in the lease table beside it (<table>_leases).
+	// Table is the quoted, qualified table name, for the logs.
 	Table() string
+	// Lead runs fn while this instance holds the table's lease of job, one
+	// instance at a time across a fleet, renewing it every tail; fn's
+	// context carries the lease, which fences the writes made with it
+	// (MarkScanned, Postpone, and the Guard's Settle and Release through the
+	// same store). It returns an error wrapping durable.ErrLocked when
+	// another instance holds it (see durable.Store.Lead).
+	Lead(ctx context.Context, job string, tail time.Duration, fn func(ctx context.Context) error) error
 	// Retention is how long a key lives after its answer or release; a key
 	// in progress never expires. It must be longer than MinAge plus
 	// Interval.
@@ -239,22 +248,18 @@ type Store interface {
 	// Postpone records attempts failed attempts on the listed attempt of a
 	// key and hides it for delay; it changes nothing, with an error
 	// wrapping durable.ErrLeaseLost, once the lease ctx carries has passed
-	// (see durable.Leader.Do).
+	// (see durable.Store.Lead).
 	Postpone(ctx context.Context, d durable.Due, attempts int, delay time.Duration) error
 }
 
 // Defaults of [Config].
 const (
-	DefaultInterval       = 30 * time.Second
-	DefaultMinAge         = time.Minute
-	DefaultBatchSize      = 100
-	DefaultResolveTimeout = 10 * time.Second
-	DefaultBackoffBase    = 30 * time.Second
-	DefaultBackoffMax     = time.Hour
-	DefaultStoreTimeout   = 5 * time.Second
+	DefaultInterval = 30 * time.Second
+	DefaultMinAge   = time.Minute
 )
 
-// Config tunes a Reconciler. A nil *Config is valid and gives every default.
+// Config tunes a Reconciler. A nil *Config is valid and gives every default;
+// a zero field takes its default and a negative one is refused.
 type Config struct {
 	// Interval is the time between the end of one run and the start of the
 	// next. Defaults to 30s.
@@ -267,43 +272,42 @@ type Config struct {
 	// Guard's MaxHold and, with Interval, shorter than the store's
 	// retention. Defaults to 1m (the Guard's default MaxHold is 46.5s).
 	MinAge time.Duration
+}
+
+// settings are a Reconciler's Config with its defaults, and what it does
+// the same way whatever its Config (the tests change it: export_test.go).
+type settings struct {
+	Interval, MinAge time.Duration
 	// BatchSize is the number of keys listed per statement. A run handles
-	// batches until no due key is left or ctx ends. Defaults to 100.
+	// batches until no due key is left or ctx ends.
 	BatchSize int
-	// ResolveTimeout bounds each call of the ResolveFunc. Defaults to 10s.
+	// ResolveTimeout bounds each call of the ResolveFunc.
 	ResolveTimeout time.Duration
 	// BackoffBase is the wait after the first attempt that could not learn
 	// a key's outcome; it doubles with every further attempt, up to
-	// BackoffMax, without jitter. A key in progress never expires:
-	// retries go on until the ResolveFunc learns the outcome. Defaults to
-	// 30s.
-	BackoffBase time.Duration
-	// BackoffMax caps the backoff. Defaults to 1h.
-	BackoffMax time.Duration
+	// BackoffMax, without jitter. A key in progress never expires: retries
+	// go on until the ResolveFunc learns the outcome.
+	BackoffBase, BackoffMax time.Duration
 	// StoreTimeout bounds each store and Guard call. A call that records a
 	// decision already made runs even when the run's ctx is cancelled,
 	// bounded by this timeout. It also sets the reconcile lease: renewed
 	// every StoreTimeout during a run, for four times StoreTimeout, so a
 	// reconciler that dies mid-run delays the next run on another instance
-	// by up to that (20s by default). Defaults to 5s.
+	// by up to that.
 	StoreTimeout time.Duration
-	// MeterProvider, when set, receives the reconciler's metrics through
-	// the OpenTelemetry metric API, for every run that obtained the lease
-	// (and every run that failed before it could): the counter
-	// "idem.reconcile.keys" by result (settled, released, unknown, skipped,
-	// error), the counter "idem.reconcile.runs" and the histogram
-	// "idem.reconcile.duration" (seconds), both by outcome (ok, error,
-	// stopped). Give it the Guard's (idem.Config.MeterProvider), which
-	// counts the keys settled and released among its events. Defaults to
-	// nil: no metrics.
-	MeterProvider metric.MeterProvider
-	// OnResult, when set, is called after every run that obtained the lease
-	// (and every run that failed before it could), with the counts, the
-	// duration and the run's error (MeterProvider records the same counts).
-	// It is not called for rounds skipped because another instance held the
-	// lease. It must not block for long. Defaults to nil.
+	// OnResult, when set, is called after every run that obtained the
+	// lease (and every run that failed before it could).
 	OnResult func(res Result, took time.Duration, err error)
 }
+
+// What a Reconciler does the same way whatever its Config.
+const (
+	batchSize      = 100
+	resolveTimeout = 10 * time.Second
+	backoffBase    = 30 * time.Second
+	backoffMax     = time.Hour
+	storeTimeout   = 5 * time.Second
+)
 
 // Result counts what one run did. Each key handled counts in exactly one
 // field.
@@ -336,9 +340,8 @@ type Reconciler struct {
 	guard   Guard
 	store   Store
 	resolve ResolveFunc
-	cfg     Config
+	cfg     settings
 	log     *slog.Logger // the Guard's
-	leader  *durable.Leader
 	loop    periodic.Runner
 	metrics metrics
 
@@ -357,56 +360,46 @@ type attempt struct {
 type sighting struct{ first, last time.Time }
 
 // New returns a Reconciler that settles and releases keys through guard,
-// finds them in store (the Guard's store), holds its lease on db, and asks
-// resolve what happened. db is normally the pool the store runs on,
-// directly or through any connection pooler (never a transaction: each
-// statement commits on its own). A nil cfg gives every default. Invalid
-// fields are reported by name.
-func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Config) (*Reconciler, error) {
+// finds them in store (the Guard's store, which also holds its lease, see
+// durable.Store.Lead), and asks resolve what happened. It logs to the Guard's
+// Logger and measures through its MeterProvider: the counter
+// "idem.reconcile.keys" by result (settled, released, unknown, skipped,
+// error), the counter "idem.reconcile.runs" and the histogram
+// "idem.reconcile.duration" (seconds), both by outcome (ok, error, stopped),
+// for every run that obtained the lease. A nil cfg gives every default.
+// Invalid fields are reported by name.
+//
+// Each run lists due keys 100 at a time, gives a ResolveFunc 10s, and backs
+// a key whose outcome is still unknown off for 30s, doubled per attempt up
+// to an hour; its lease lasts 20s, renewed every 5s.
+func New(guard Guard, store Store, resolve ResolveFunc, cfg *Config) (*Reconciler, error) {
 	switch {
 	case guard == nil:
 		return nil, errors.New("reconcile: nil guard")
 	case store == nil:
 		return nil, errors.New("reconcile: nil store")
-	case db == nil:
-		return nil, errors.New("reconcile: nil db")
 	case resolve == nil:
 		return nil, errors.New("reconcile: nil resolve func")
 	}
-	var c Config
+	var cc Config
 	if cfg != nil {
-		c = *cfg
-	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.Interval, DefaultInterval)
-	def(&c.MinAge, DefaultMinAge)
-	def(&c.ResolveTimeout, DefaultResolveTimeout)
-	def(&c.BackoffBase, DefaultBackoffBase)
-	def(&c.BackoffMax, DefaultBackoffMax)
-	def(&c.StoreTimeout, DefaultStoreTimeout)
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		cc = *cfg
 	}
 	for _, f := range []struct {
 		name string
 		v    time.Duration
-	}{
-		{"Interval", c.Interval}, {"MinAge", c.MinAge}, {"ResolveTimeout", c.ResolveTimeout},
-		{"BackoffBase", c.BackoffBase}, {"BackoffMax", c.BackoffMax}, {"StoreTimeout", c.StoreTimeout},
-	} {
+	}{{"Interval", cc.Interval}, {"MinAge", cc.MinAge}} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("reconcile: Config.%s: must be positive, got %v", f.name, f.v)
+			return nil, fmt.Errorf("reconcile: Config.%s: must not be negative, got %v", f.name, f.v)
 		}
 	}
-	if c.BatchSize < 0 {
-		return nil, fmt.Errorf("reconcile: Config.BatchSize: must be positive, got %d", c.BatchSize)
+	c := settings{Interval: cc.Interval, MinAge: cc.MinAge, BatchSize: batchSize, ResolveTimeout: resolveTimeout,
+		BackoffBase: backoffBase, BackoffMax: backoffMax, StoreTimeout: storeTimeout}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
 	}
-	if c.BackoffMax < c.BackoffBase {
-		return nil, fmt.Errorf("reconcile: Config.BackoffMax %v: must not be shorter than Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
+	if c.MinAge == 0 {
+		c.MinAge = DefaultMinAge
 	}
 	switch hold := guard.MaxHold(); {
 	case hold <= 0:
@@ -418,15 +411,9 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		return nil, fmt.Errorf("reconcile: Config.MinAge %v + Config.Interval %v: must be shorter than the store's retention %v, or a settled key could expire before a client that waited for it returns",
 			c.MinAge, c.Interval, ret)
 	}
-	// Once its ctx is cancelled, a run goes on acting for at most one
-	// StoreTimeout: the call recording a decision already made.
-	leader, err := durable.NewLeader(db, store.Table(), "reconcile", c.StoreTimeout)
+	m, err := newMetrics(guard.MeterProvider())
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: %w", err)
-	}
-	m, err := newMetrics(c.MeterProvider)
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: Config.MeterProvider: %w", err)
+		return nil, fmt.Errorf("reconcile: the Guard's MeterProvider: %w", err)
 	}
 	return &Reconciler{
 		guard:     guard,
@@ -434,7 +421,6 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 		resolve:   resolve,
 		cfg:       c,
 		log:       guard.Logger(),
-		leader:    leader,
 		metrics:   m,
 		sightings: make(map[attempt]sighting),
 	}, nil
@@ -442,7 +428,7 @@ func New(guard Guard, store Store, db durable.DB, resolve ResolveFunc, cfg *Conf
 
 // Run reconciles now, then again Interval after the end of each run, until
 // ctx ends. Each run is [Reconciler.RunOnce]; a failed run is logged and
-// reported to OnResult, and does not stop Run.
+// measured, and does not stop Run.
 //
 // When ctx ends, Run stops after the key in hand (a decision already made is
 // still recorded), gives the lease back and returns nil. It returns an error
@@ -454,8 +440,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	return nil
 }
 
-// RunOnce runs one reconciliation, for tests and cron-style use. Under the
-// table's reconcile lease, it lists due keys BatchSize at a time and handles
+// RunOnce runs one reconciliation, for cron-style use. Under the table's
+// reconcile lease, it lists due keys a batch at a time and handles
 // each: resolve, then settle, release or postpone. Due keys are, in this
 // order: postponed keys whose backoff ended, in the order it ended; then keys
 // in progress for longer than MinAge that no run has looked at yet, oldest
@@ -474,7 +460,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	var res Result
-	err := r.leader.Do(ctx, func(ctx context.Context) error {
+	// Once its ctx is cancelled, a run goes on acting for at most one
+	// StoreTimeout: the call recording a decision already made.
+	err := r.store.Lead(ctx, "reconcile", r.cfg.StoreTimeout, func(ctx context.Context) error {
 		return r.run(ctx, &res)
 	})
 	took := time.Since(start)
@@ -655,7 +643,7 @@ func (r *Reconciler) handle(ctx context.Context, d durable.Due, res *Result) (bo
 		return false, nil
 	}
 	// The decision is made: record it even if ctx ends from now on. ctx
-	// carries the run's lease (durable.Leader.Do): each write is fenced by
+	// carries the run's lease (durable.Store.Lead): each write is fenced by
 	// it, so none lands once the lease has passed, however long this
 	// process was paused.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StoreTimeout)

@@ -76,14 +76,13 @@ func forEachStrategy(t *testing.T, fn func(t *testing.T, b *bundle)) {
 // reconciler returns a Reconciler of b with the defaults (MinAge 1m,
 // backoff 30s doubling), and cfg's fields where set; it logs to the
 // Guard's quiet logger.
-func (b *bundle) reconciler(t *testing.T, cfg *reconcile.Config) *reconcile.Reconciler {
+func (b *bundle) reconciler(t *testing.T, cfg *reconcile.Config, tune ...reconcile.Tuning) *reconcile.Reconciler {
 	t.Helper()
-	var c reconcile.Config
-	if cfg != nil {
-		c = *cfg
-	}
-	r, err := reconcile.New(b.guard, b.store, b.pool, b.res.resolve, &c)
+	r, err := reconcile.New(b.guard, b.store, b.res.resolve, cfg)
 	require.NoError(t, err)
+	for _, tu := range tune {
+		reconcile.Tune(r, tu)
+	}
 	return r
 }
 
@@ -373,7 +372,7 @@ SELECT 'user-1', 'key-' || g, sha256(g::text::bytea), decode(md5(g::text), 'hex'
 FROM generate_series(1, 250) AS g`)
 	require.NoError(t, err)
 	b.res.answer(reconcile.Decision{Verdict: reconcile.NothingHappened}, nil)
-	r := b.reconciler(t, &reconcile.Config{BatchSize: 100})
+	r := b.reconciler(t, nil, reconcile.Tuning{BatchSize: 100})
 	require.Equal(t, reconcile.Result{Released: 250}, b.runOnce(t, r))
 	items := b.res.calls()
 	require.Len(t, items, 250)
@@ -412,7 +411,7 @@ func TestResolverFailures(t *testing.T) {
 			b.timedOut(t, req)
 			b.age(t, req.Scope, req.Key, "2 minutes")
 			b.res.set(tt.fn)
-			r := b.reconciler(t, &reconcile.Config{ResolveTimeout: 50 * time.Millisecond})
+			r := b.reconciler(t, nil, reconcile.Tuning{ResolveTimeout: 50 * time.Millisecond})
 			require.Equal(t, reconcile.Result{Errors: 1}, b.runOnce(t, r))
 			attempts, wait := b.state(t, req.Scope, req.Key)
 			require.Equal(t, 1, attempts, "postponed like Unknown")
@@ -565,8 +564,7 @@ func TestRun(t *testing.T) {
 
 	b.res.set(func(context.Context, reconcile.Item) (reconcile.Decision, error) { panic("resolver bug") })
 	results := make(chan reconcile.Result, 10)
-	r := b.reconciler(t, &reconcile.Config{
-		Interval: time.Hour,
+	r := b.reconciler(t, &reconcile.Config{Interval: time.Hour}, reconcile.Tuning{
 		OnResult: func(res reconcile.Result, _ time.Duration, err error) {
 			if err != nil {
 				t.Error(err)
@@ -625,40 +623,32 @@ func TestNewValidation(t *testing.T) {
 	require.NoError(t, err)
 	g, err := idem.New(store, nil)
 	require.NoError(t, err)
-	pool := &pgxpool.Pool{}
 	resolve := func(context.Context, reconcile.Item) (reconcile.Decision, error) { return reconcile.Decision{}, nil }
 
-	_, err = reconcile.New(g, store, pool, resolve, nil)
+	_, err = reconcile.New(g, store, resolve, nil)
 	require.NoError(t, err)
 	for name, cfg := range map[string]*reconcile.Config{
-		"Config.Interval":       {Interval: -1},
-		"Config.MinAge":         {MinAge: -1},
-		"Config.BatchSize":      {BatchSize: -1},
-		"Config.ResolveTimeout": {ResolveTimeout: -1},
-		"Config.BackoffBase":    {BackoffBase: -1},
-		"Config.StoreTimeout":   {StoreTimeout: -1},
-		"Config.BackoffMax":     {BackoffBase: time.Hour, BackoffMax: time.Minute},
+		"Config.Interval": {Interval: -1},
+		"Config.MinAge":   {MinAge: -1},
 	} {
-		_, err := reconcile.New(g, store, pool, resolve, cfg)
+		_, err := reconcile.New(g, store, resolve, cfg)
 		require.ErrorContains(t, err, "reconcile: "+name, name)
 	}
 	// MinAge must exceed how long a running request may hold its key.
 	bounded, err := idem.New(store, &idem.Config{WorkTimeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, time.Minute+time.Second+5*5*time.Second+500*time.Millisecond, bounded.MaxHold())
-	_, err = reconcile.New(bounded, store, pool, resolve, nil) // default MinAge 1m
+	_, err = reconcile.New(bounded, store, resolve, nil) // default MinAge 1m
 	require.ErrorContains(t, err, "Config.MinAge")
-	_, err = reconcile.New(bounded, store, pool, resolve, &reconcile.Config{MinAge: 2 * time.Minute})
+	_, err = reconcile.New(bounded, store, resolve, &reconcile.Config{MinAge: 2 * time.Minute})
 	require.NoError(t, err)
-	_, err = reconcile.New(unbounded{g}, store, pool, resolve, &reconcile.Config{MinAge: time.Hour})
+	_, err = reconcile.New(unbounded{g}, store, resolve, &reconcile.Config{MinAge: time.Hour})
 	require.ErrorContains(t, err, "bounds nothing", "a guard that cannot bound its requests is refused")
 
-	_, err = reconcile.New(nil, store, pool, resolve, nil)
+	_, err = reconcile.New(nil, store, resolve, nil)
 	require.Error(t, err)
-	_, err = reconcile.New(g, nil, pool, resolve, nil)
+	_, err = reconcile.New(g, nil, resolve, nil)
 	require.Error(t, err)
-	_, err = reconcile.New(g, store, nil, resolve, nil)
-	require.Error(t, err)
-	_, err = reconcile.New(g, store, pool, nil, nil)
+	_, err = reconcile.New(g, store, nil, nil)
 	require.Error(t, err)
 }

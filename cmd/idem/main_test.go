@@ -487,7 +487,7 @@ func TestSettleNotifies(t *testing.T) {
 	b := setup(t)
 	st, err := durable.New(b.pool, &durable.Config{Schema: b.schema, Notify: true})
 	require.NoError(t, err)
-	l, err := durable.NewListener(t.Context(), st, b.pool)
+	l, err := durable.NewListener(t.Context(), st)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	rec := b.claim(t, newRequest("waited"), 0)

@@ -115,9 +115,9 @@ func (c *cmd) migrate(ctx context.Context, args []string) error {
 // table names the table as the flags give it, for messages.
 func (c *cmd) table() string {
 	if c.cfg.Schema == "" {
-		return c.cfg.Table
+		return "idempotency_keys"
 	}
-	return c.cfg.Schema + "." + c.cfg.Table
+	return c.cfg.Schema + ".idempotency_keys"
 }
 
 func (c *cmd) printMigrations(table string, vs []durable.MigrationVersion) error {

@@ -44,7 +44,6 @@ Commands:
 Flags of every command:
   -database-url URL   PostgreSQL (default $DATABASE_URL, else ` + defaultDatabaseURL + `)
   -schema NAME        the table's schema (default: the connection's current schema)
-  -table NAME         the table (default ` + durable.DefaultTable + `)
   -retention D        the retention settle and release give a key when it is longer
                       than the row's own, as the Guard's store has it (default 24h)
   -json               print JSON instead of text
@@ -125,7 +124,6 @@ func (c *cmd) flags(name string) *flag.FlagSet {
 	// may hold a password.
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL, else "+defaultDatabaseURL+")")
 	fs.StringVar(&c.cfg.Schema, "schema", "", "the table's schema (default: the connection's current schema)")
-	fs.StringVar(&c.cfg.Table, "table", durable.DefaultTable, "the table")
 	fs.DurationVar(&c.cfg.Retention, "retention", durable.DefaultRetention, "the retention settle and release give a key when it is longer than the row's own (durable.Config.Retention)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of text")
 	return fs
@@ -237,9 +235,6 @@ func (c *cmd) sameFlags() string {
 	var b strings.Builder
 	if c.cfg.Schema != "" {
 		b.WriteString(" -schema " + c.cfg.Schema)
-	}
-	if c.cfg.Table != durable.DefaultTable {
-		b.WriteString(" -table " + c.cfg.Table)
 	}
 	if b.Len() == 0 {
 		return ""

@@ -312,7 +312,7 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 		recResult  reconcile.Result
 		recVisited = map[idem.Token]reconcile.Verdict{}
 	)
-	rec, err := reconcile.New(recGuard, store, pool, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
+	rec, err := reconcile.New(recGuard, store, func(ctx context.Context, it reconcile.Item) (reconcile.Decision, error) {
 		owner := it.Intent
 		if !killedOwners[owner] {
 			// A row of process B: it may be running; leave it alone.
@@ -325,22 +325,27 @@ func testKill9MidWork(t *testing.T, strategy string, strategyArgs []string) {
 			recMu.Unlock()
 		}
 		return d, err
-	}, &reconcile.Config{
-		Interval: 50 * time.Millisecond, MinAge: recGuard.MaxHold() + 100*time.Millisecond,
-		OnResult: func(res reconcile.Result, _ time.Duration, _ error) {
-			recMu.Lock()
-			defer recMu.Unlock()
-			recResult.Settled += res.Settled
-			recResult.Released += res.Released
-			recResult.Unknown += res.Unknown
-			recResult.Skipped += res.Skipped
-			recResult.Errors += res.Errors
-		},
-	})
+	}, &reconcile.Config{MinAge: recGuard.MaxHold() + 100*time.Millisecond})
 	require.NoError(t, err)
 	recCtx, stopRec := context.WithCancel(ctx)
 	var recDone sync.WaitGroup
-	recDone.Go(func() { _ = rec.Run(recCtx) })
+	recDone.Go(func() { // Run, every 50ms, adding up what each run did
+		for recCtx.Err() == nil {
+			if res, err := rec.RunOnce(recCtx); err == nil {
+				recMu.Lock()
+				recResult.Settled += res.Settled
+				recResult.Released += res.Released
+				recResult.Unknown += res.Unknown
+				recResult.Skipped += res.Skipped
+				recResult.Errors += res.Errors
+				recMu.Unlock()
+			}
+			select {
+			case <-recCtx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
 	stopReconciler := sync.OnceFunc(func() { stopRec(); recDone.Wait() })
 	defer stopReconciler()
 	defer func() {

@@ -134,7 +134,6 @@ type config struct {
 
 	reconcileEvery time.Duration
 	reconcileAfter time.Duration
-	sweepEvery     time.Duration
 }
 
 // parseFlags parses args. Errors wrap errUsage (or are flag.ErrHelp) and have
@@ -156,7 +155,6 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key's answer is kept after it is stored (longer than the guard's MaxHold, 46.5s with the defaults, and than -reconcile-after + -reconcile-every); a key without an answer never expires")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-every", 10*time.Second, "how often the reconciler looks for keys a 5xx left in progress")
 	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the guard's MaxHold, 46.5s with the defaults)")
-	fs.DurationVar(&c.sweepEvery, "sweep-every", durable.DefaultSweepInterval, "how often expired keys are deleted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -200,7 +198,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	for name, d := range map[string]time.Duration{
 		"-work-timeout": c.workTimeout, "-store-timeout": c.storeTimeout, "-lease-ttl": c.leaseTTL,
-		"-reconcile-every": c.reconcileEvery, "-reconcile-after": c.reconcileAfter, "-sweep-every": c.sweepEvery,
+		"-reconcile-every": c.reconcileEvery, "-reconcile-after": c.reconcileAfter,
 	} {
 		if d <= 0 {
 			return usage("%s %v must be positive", name, d)
@@ -254,17 +252,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer pool.Close()
 
-	// DetachWork: a client that hangs up must not cancel a charge under way
-	// and turn it into an unknown outcome; the work keeps the guard's
-	// deadline (WorkTimeout, 20s by default), and its answer is stored and
-	// replayed to the client's retry.
-	gcfg := &idem.Config{Logger: log, DetachWork: true, WorkTimeout: cfg.workTimeout, StoreTimeout: cfg.storeTimeout}
+	gcfg := &idem.Config{Logger: log, WorkTimeout: cfg.workTimeout, StoreTimeout: cfg.storeTimeout}
 	// Redis, for the hybrid strategy only.
 	redisDesc := "unused"
-	var rdb redis.UniversalClient // nil: the table strategy
-	var lcfg *lock.Config
 	if cfg.strategy == "hybrid" {
-		lcfg = &lock.Config{TTL: cfg.leaseTTL}
 		addr := cfg.redisAddr
 		if addr == embeddedRedis {
 			mr, err := miniredis.Run()
@@ -297,24 +288,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				"redis", addr, "error", err)
 		}
 		cancel()
-		rdb = client
+		locker, err := lock.New(client, &lock.Config{TTL: cfg.leaseTTL})
+		if err != nil {
+			fmt.Fprintf(stderr, "checkout: %v\n", err) // a -lease-ttl that is not whole seconds, say
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		gcfg.Lock = locker
 	}
 	c := &checkout{render: renderProblem, log: log} // orders and payrail once the database is reached
 
 	// The guard, and the maintenance that svc.Run runs on every instance:
 	// the reconciler and the sweeper each take a lease row of the table
 	// (<table>_leases), so one instance at a time does the work.
-	svc, err := pgidem.New(pool, rdb, c.resolve, &pgidem.Config{
+	svc, err := pgidem.New(pool, c.resolve, &pgidem.Config{
 		Store:     cfg.storeConfig(),
 		Guard:     gcfg,
-		Lock:      lcfg,
 		Reconcile: &reconcile.Config{Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter},
-		Sweep:     &durable.SweeperConfig{Interval: cfg.sweepEvery},
 	})
 	if err != nil {
 		// A -ttl not longer than the guard's MaxHold (46.5s with the
-		// defaults), or than the longest Retry-After of a pending key, or
-		// a -lease-ttl that is not whole seconds, say.
+		// defaults), or than -reconcile-after + -reconcile-every, say.
 		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -469,20 +462,16 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Slug:   idem.ProblemServiceUnavailable,
 			// 2 or 3 s, as the middleware's own 503: the instances that
 			// start together are not retried in the same second.
-			RetryAfter: idem.Classify(idem.OutcomeNone, idem.ErrUnavailable, idem.RetryHints{}).RetryAfter,
+			RetryAfter: idem.Classify(idem.OutcomeNone, idem.ErrUnavailable).RetryAfter,
 		})
 		return
 	}
 	s.next.ServeHTTP(w, r)
 }
 
-// newHandler returns the service's routes. The guard's middleware comes from
-// svc: its pending Retry-After is derived from the reconciler's settings.
+// newHandler returns the service's routes.
 func newHandler(svc *pgidem.Service, c *checkout) http.Handler {
-	guarded := svc.Middleware(bearerUser, &idem.MiddlewareConfig{
-		ProblemBase:   problemBase,
-		RenderProblem: c.render,
-	})
+	guarded := svc.Guard().Middleware(bearerUser, &idem.MiddlewareConfig{RenderProblem: c.render})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", guarded(http.HandlerFunc(c.createOrder)))
 	mux.HandleFunc("GET /orders/{id}", c.getOrder)
@@ -492,9 +481,11 @@ func newHandler(svc *pgidem.Service, c *checkout) http.Handler {
 	return mux
 }
 
-// renderProblem is idem's renderer plus the WWW-Authenticate challenge that a
-// 401 must carry (RFC 9110, section 11.6.1).
+// renderProblem is idem's renderer with the service's own problem types, plus
+// the WWW-Authenticate challenge that a 401 must carry (RFC 9110, section
+// 11.6.1).
 func renderProblem(w http.ResponseWriter, r *http.Request, p idem.Problem) {
+	p.Type = problemBase + p.Slug
 	if p.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
 	}

@@ -42,10 +42,6 @@ func TestFlagErrors(t *testing.T) {
 		// key could expire before a client that waited for it returns, and
 		// that client's retry would charge again.
 		{"ttl within the reconciler's reach", []string{"-ttl", "65s"}, "-ttl 1m5s must be longer than -reconcile-after 1m0s + -reconcile-every 10s"},
-		// The pending Retry-After is derived from the reconciler's settings:
-		// 10m - 46.5s + 10s, sent as up to 11m17s with its jitter.
-		{"ttl within a pending Retry-After", []string{"-ttl", "650s", "-reconcile-after", "10m", "-reconcile-every", "10s"},
-			"Config.Store.Retention 10m50s must be longer than the longest Retry-After of a pending key, 11m17s"},
 		{"schema", []string{"-schema", "Bad-Name"}, `-schema "Bad-Name"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

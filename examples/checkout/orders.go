@@ -133,8 +133,8 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The guard's DetachWork already keeps a client's hang-up from cancelling
-	// ctx; the work's deadline (in hybrid mode, before the Redis lease ends)
+	// The guard already keeps a client's hang-up from cancelling ctx; the
+	// work's deadline (in hybrid mode, before the Redis lease ends)
 	// still applies, and this bounds the provider call further.
 	pctx, cancel := context.WithTimeout(ctx, paymentTimeout)
 	defer cancel()
@@ -170,7 +170,7 @@ func (c *checkout) createOrder(w http.ResponseWriter, r *http.Request) {
 // but nothing says so: answer 500, which leaves the key in progress for the
 // reconciler (it finds the charge at the provider and settles the key).
 func (c *checkout) finish(w http.ResponseWriter, r *http.Request, o Order, resp idem.Response) {
-	ctx := r.Context() // detached from the client (Config.DetachWork): recorded even if the client left
+	ctx := r.Context() // the guard's work context, which the client's hang-up does not end: recorded even if the client left
 	err := pgx.BeginFunc(ctx, c.orders.pool, func(tx pgx.Tx) error {
 		if err := c.orders.update(ctx, tx, o); err != nil {
 			return err

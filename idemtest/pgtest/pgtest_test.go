@@ -1,7 +1,6 @@
 package pgtest_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemguard/idem"
-	"github.com/idemguard/idem/idemtest"
 	"github.com/idemguard/idem/idemtest/pgtest"
 )
 
@@ -84,23 +82,6 @@ func TestJoinedHandler(t *testing.T) {
 	var orders int
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&orders))
 	require.Equal(t, 1, orders, "the rolled-back order is not there")
-}
-
-// The in-memory store cannot join a transaction: that is what pgtest is for.
-func TestMemStoreCannotJoin(t *testing.T) {
-	t.Parallel()
-	_, pool := pgtest.Store(t, nil)
-	guard, err := idem.New(idemtest.NewMemStore(nil), &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	req := idem.Request{Scope: "user-42", Key: "key-1", Fingerprint: idem.HashParts([]byte("a"))}
-	_, _, err = guard.Do(t.Context(), req, func(ctx context.Context) (idem.Response, error) {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return idem.Complete(ctx, tx, idem.Response{Status: http.StatusCreated})
-		})
-		require.ErrorIs(t, err, idem.ErrJoinUnsupported)
-		return idem.Response{Status: http.StatusCreated}, nil
-	})
-	require.NoError(t, err)
 }
 
 // Each call is a schema of its own: two stores do not see each other's

@@ -25,7 +25,7 @@ import (
 // Tables of the bench schema: the guard's (migrated with durable.Migrate)
 // and the minimal one.
 const (
-	GuardTable   = "guard_keys"
+	GuardTable   = "idempotency_keys" // durable.Migrate's, in the bench schema
 	MinimalTable = "minimal_keys"
 )
 
@@ -105,7 +105,7 @@ func Open(ctx context.Context, cfg Config) (env *Env, err error) {
 			env = nil
 		}
 	}()
-	if err := durable.Migrate(ctx, pool, &durable.Config{Schema: env.Schema, Table: GuardTable}); err != nil {
+	if err := durable.Migrate(ctx, pool, &durable.Config{Schema: env.Schema}); err != nil {
 		return env, err
 	}
 	if err := createMinimalTable(ctx, env); err != nil {

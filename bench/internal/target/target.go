@@ -88,7 +88,7 @@ func sleepWork(ctx context.Context, d time.Duration) error {
 // set to asyncAnswers), its Redis lease (hybrid) under prefix + "guard:"
 // through rdb, and no logging.
 func NewGuard(db durable.DB, rdb redis.UniversalClient, schema, prefix, strategy string, asyncAnswers bool) (*idem.Guard, error) {
-	store, err := durable.New(db, &durable.Config{Schema: schema, Table: GuardTable, AsynchronousAnswers: asyncAnswers})
+	store, err := durable.New(db, &durable.Config{Schema: schema, AsynchronousAnswers: asyncAnswers})
 	if err != nil {
 		return nil, err
 	}
