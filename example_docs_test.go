@@ -264,8 +264,8 @@ func ExampleNew_hybrid() {
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  os.Getenv("REDIS_ADDR"),
 		ContextTimeoutEnabled: true,                   // honour the lock's per-call deadline; lock.New refuses a client without it
-		MaxRetries:            -1,                     // no retry: a lease retried after a lost reply finds its own state (a spurious 409)
-		DialerRetries:         1,                      // one dial per attempt (go-redis makes 5 by default)
+		MaxRetries:            -1,                     // no resend; lock.New refuses a client that retries
+		DialerRetries:         1,                      // one dial per attempt (go-redis makes 5): a refused connection fails at once
 		DialTimeout:           250 * time.Millisecond, // shorter than the lock's Timeout (500 ms)
 	})
 	defer rdb.Close()

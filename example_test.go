@@ -58,7 +58,7 @@ func ExampleGuard_Middleware() {
 		log.Fatal(err)
 	}
 	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
 	locker, err := lock.New(rdb, nil)
 	if err != nil {

@@ -690,9 +690,8 @@ func poolFor(t *testing.T, url string, params map[string]string) *pgxpool.Pool {
 	return pool
 }
 
-// redisClient is a client for the lock as the README recommends: no
-// client-side retries (a retried SET NX after a lost reply reports its own
-// lease as taken) and a short dial timeout.
+// redisClient is a client for the lock as docs/configuration.md sets one up:
+// no client-side retries, one dial per attempt and a short dial timeout.
 func redisClient(t *testing.T, addr string) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: 250 * time.Millisecond})

@@ -755,9 +755,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 			)
 			if strategy != "table" {
 				mr = miniredis.RunT(t)
-				c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
-				t.Cleanup(func() { _ = c.Close() })
-				locker = mustLocker(t, c)
+				locker = mustLocker(t, testredis.Miniredis(t, mr))
 				cfg.Lock = locker
 			}
 			g, err := idem.New(store, cfg)

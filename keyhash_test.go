@@ -21,7 +21,7 @@ func TestKeyHash(t *testing.T) {
 	require.NotEqual(t, h, idem.KeyHash("user-1k", "ey-1"), "length-prefixed")
 
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	l, err := lock.New(rdb, &lock.Config{Prefix: "p:"})
 	require.NoError(t, err)

@@ -46,14 +46,7 @@ func TestCluster(t *testing.T) {
 		return out
 	}
 
-	t.Run("client must honour deadlines", func(t *testing.T) {
-		plain := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-		defer plain.Close()
-		_, err := lock.New(plain, nil)
-		require.ErrorContains(t, err, "ContextTimeoutEnabled")
-	})
-
-	t.Run("obtain release refresh on every master", func(t *testing.T) {
+	t.Run("obtain replace release on every master", func(t *testing.T) {
 		masters, err := cl.Masters(ctx)
 		require.NoError(t, err)
 		require.Len(t, masters, 3)
@@ -70,11 +63,11 @@ func TestCluster(t *testing.T) {
 			lease, _, err := l.Obtain(ctx, scope, key, nil)
 			require.NoError(t, err)
 			leases[i] = lease
-			m, err := cl.MasterOf(ctx, lease.Key())
+			m, err := cl.MasterOf(ctx, l.Key(scope, key))
 			require.NoError(t, err)
 			perMaster[m]++
-			// The lease is on the master of its slot, holding its token.
-			require.True(t, strings.HasPrefix(direct[m].Get(ctx, lease.Key()).Val(), lease.Token()))
+			// The lease is on the master of its slot, with the TTL it was given.
+			require.True(t, strings.HasSuffix(direct[m].Get(ctx, l.Key(scope, key)).Val(), "|30000|"))
 			_, _, err = l.Obtain(ctx, scope, key, nil)
 			require.ErrorIs(t, err, lock.ErrNotObtained)
 		}
@@ -83,23 +76,22 @@ func TestCluster(t *testing.T) {
 			require.NotZero(t, k, m.Addr())
 		}
 		for i, lease := range leases {
-			ttl, err := lease.TTL(ctx)
+			scope, key := "user-every", fmt.Sprint("key-", i)
+			ttl, err := c.PTTL(ctx, l.Key(scope, key)).Result()
 			require.NoError(t, err)
 			require.InDelta(t, (30 * time.Second).Seconds(), ttl.Seconds(), 2)
-			require.NoError(t, lease.Refresh(ctx, 5*time.Second))
-			ttl, err = lease.TTL(ctx)
+			require.NoError(t, lease.Replace(ctx, []byte("s"), 5*time.Second))
+			ttl, err = c.PTTL(ctx, l.Key(scope, key)).Result()
 			require.NoError(t, err)
 			require.LessOrEqual(t, ttl, 5*time.Second)
 			require.NoError(t, lease.Release(ctx))
 			require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
-			require.ErrorIs(t, lease.Refresh(ctx, time.Second), lock.ErrNotHeld)
-			_, err = lease.TTL(ctx)
-			require.ErrorIs(t, err, lock.ErrNotHeld)
-			again, _, err := l.Obtain(ctx, "user-every", fmt.Sprint("key-", i), nil)
+			require.ErrorIs(t, lease.Replace(ctx, []byte("s"), time.Second), lock.ErrNotHeld)
+			again, _, err := l.Obtain(ctx, scope, key, nil)
 			require.NoError(t, err)
 			// The old lease cannot touch the new holder's.
 			require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
-			require.ErrorIs(t, lease.Refresh(ctx, time.Minute), lock.ErrNotHeld)
+			require.ErrorIs(t, lease.Replace(ctx, []byte("s"), time.Minute), lock.ErrNotHeld)
 			require.NoError(t, again.Release(ctx))
 		}
 	})
@@ -156,7 +148,8 @@ func TestCluster(t *testing.T) {
 			}
 			return out
 		}
-		kept := obtainAll(intentsOn(t, victim, "kept", 8))
+		keptIns := intentsOn(t, victim, "kept", 8)
+		kept := obtainAll(keptIns)
 		direct := redis.NewClient(&redis.Options{Addr: victim.Addr()})
 		defer direct.Close()
 		require.EqualValues(t, 1, direct.Do(ctx, "WAIT", 1, 2000).Val(), "replicated")
@@ -195,17 +188,14 @@ func TestCluster(t *testing.T) {
 		}, 10*time.Second, 20*time.Millisecond, "leases on the failed slots are granted again")
 		t.Logf("replica promoted %v after the kill; leases granted again after %v", promoted.Round(time.Millisecond), back.Round(time.Millisecond))
 
-		for _, lease := range kept {
-			m, err := cl.MasterOf(ctx, lease.Key())
+		for i, lease := range kept {
+			m, err := cl.MasterOf(ctx, l.Key(keptIns[i][0], keptIns[i][1]))
 			require.NoError(t, err)
 			require.Equal(t, replica, m)
-			_, err = lease.TTL(ctx)
-			require.NoError(t, err, "replicated before the kill: still held")
-			require.NoError(t, lease.Refresh(ctx, 10*time.Second))
+			require.NoError(t, lease.Replace(ctx, []byte("kept"), 10*time.Second), "replicated before the kill: still held")
 		}
 		for i, lease := range lost {
-			_, err := lease.TTL(ctx)
-			require.ErrorIs(t, err, lock.ErrNotHeld, "acknowledged, never replicated: lost")
+			require.ErrorIs(t, lease.Replace(ctx, []byte("lost"), 0), lock.ErrNotHeld, "acknowledged, never replicated: lost")
 			again, _, err := l.Obtain(ctx, lostIns[i][0], lostIns[i][1], nil)
 			require.NoError(t, err, "a new holder takes the lost lease's key")
 			require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld, "and the old holder cannot release it")

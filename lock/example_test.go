@@ -20,7 +20,7 @@ func ExampleLocker_Obtain() {
 		log.Fatal(err)
 	}
 	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
 
 	locker, err := lock.New(rdb, nil) // prefix "idem:", TTL 30s
@@ -28,19 +28,19 @@ func ExampleLocker_Obtain() {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	lease, _, err := locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324", nil)
+	const key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
+	lease, _, err := locker.Obtain(ctx, "user-42", key, []byte("running"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, _, err = locker.Obtain(ctx, "user-42", "8e03978e-40d5-43e8-bc93-6894a57f9324", nil)
-	fmt.Println("second caller:", errors.Is(err, lock.ErrNotObtained))
+	_, held, err := locker.Obtain(ctx, "user-42", key, nil)
+	fmt.Println("second caller:", errors.Is(err, lock.ErrNotObtained), string(held))
 
-	ttl, _ := lease.TTL(ctx)
-	fmt.Println("ttl:", ttl)
+	fmt.Println("ttl:", mr.TTL(locker.Key("user-42", key)))
 	fmt.Println("release:", lease.Release(ctx))
 	fmt.Println("release again:", lease.Release(ctx))
 	// Output:
-	// second caller: true
+	// second caller: true running
 	// ttl: 30s
 	// release: <nil>
 	// release again: lock: not held

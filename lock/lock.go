@@ -10,12 +10,11 @@
 // <key> <value> NX GET PX <ttl>, then PTTL <key>, sent together. The TTL in
 // the value is what the age of a held lease is measured against (see
 // [Locker.TryLock]), so that Lockers with different Config.TTLs can share
-// keys. Replacing, releasing and refreshing are compare-and-act Lua
-// scripts (embedded from the .lua files of this package) that check the
-// token: nobody can change a lease they do not hold, even after theirs has
-// expired and another caller has taken the key. [Locker.Set] and
-// [Locker.Delete] act whoever holds the key, for a caller that knows the
-// key's state from elsewhere.
+// keys. Replacing and releasing are one compare-and-act Lua script
+// (embedded from replace.lua) that checks the token: nobody can change a
+// lease they do not hold, even after theirs has expired and another caller
+// has taken the key. [Locker.Set] and [Locker.Delete] act whoever holds the
+// key, for a caller that knows the key's state from elsewhere.
 //
 // A Locker keeps one exchange with Redis out at a time: a command sent while
 // none is out goes at once, and the commands that arrive meanwhile go
@@ -31,8 +30,9 @@
 // one Redis Cluster hash slot (the digest is the hash tag).
 //
 // The package takes a [redis.UniversalClient], so a single node, Redis Cluster,
-// Sentinel and miniredis all work unchanged. It needs Redis 7.0 or later (SET
-// with both NX and GET).
+// Sentinel and miniredis all work unchanged, over a client that honours
+// context deadlines and does not retry ([New] refuses one that does not). It
+// needs Redis 7.0 or later (SET with both NX and GET).
 //
 // A lease is not a guarantee of mutual exclusion on its own: it expires after
 // its TTL whether or not the holder is done, and Redis can lose it (failover,
@@ -70,23 +70,18 @@ var (
 	ErrUnavailable = errors.New("lock: redis unavailable")
 )
 
-var (
-	//go:embed replace.lua
-	replaceSrc string
-	//go:embed refresh.lua
-	refreshSrc string
-	//go:embed ttl.lua
-	ttlSrc string
-)
+//go:embed replace.lua
+var replaceSrc string
 
 // Config tunes a Locker. A nil *Config is valid and gives every default.
 type Config struct {
 	// Prefix starts every Redis key the Locker writes. It must not contain
 	// '{' or '}', which would change the Cluster hash tag. Defaults to "idem:".
 	Prefix string
-	// TTL is how long a lease lives unless refreshed. Redis expires it after
-	// that, so a crashed holder frees the key by itself. Must be a whole
-	// number of seconds of at least 1s. Defaults to 30s.
+	// TTL is how long a lease lives unless its holder replaces it with
+	// another TTL. Redis expires it after that, so a crashed holder frees
+	// the key by itself. Must be a whole number of seconds of at least 1s.
+	// Defaults to 30s.
 	TTL time.Duration
 	// Timeout bounds each Redis call when the caller's context has no earlier
 	// deadline, so that a stalled Redis (or a client whose pool is
@@ -141,39 +136,44 @@ type Locker struct {
 	cfg     Config
 	pipe    *pipeline
 	replace *redis.Script
-	refresh *redis.Script
-	ttl     *redis.Script
 }
 
 // New returns a Locker over client. A nil cfg gives every default. It does not
 // contact Redis.
 //
-// go-redis ignores a context's deadline unless the client's options set
-// ContextTimeoutEnabled, and Config.Timeout is such a deadline: New refuses a
-// *redis.Client or *redis.ClusterClient without it, rather than let a stalled
-// Redis hold requests for the client's ReadTimeout. The other settings the
-// lock wants, which New cannot check: MaxRetries -1 (a SET NX retried after a
-// lost reply finds its own lease and reports it taken) and a DialTimeout
-// shorter than Config.Timeout.
+// New reads the options of a *redis.Client (which NewFailoverClient also
+// returns), a *redis.ClusterClient or a *redis.Ring, and refuses two
+// settings:
+//   - ContextTimeoutEnabled false: go-redis then ignores a context's
+//     deadline, and Config.Timeout is such a deadline; a stalled Redis would
+//     hold requests for the client's ReadTimeout.
+//   - MaxRetries other than -1 (a Client or a Ring retries 3 times when it
+//     is 0; a ClusterClient does not): a command resent after its reply was
+//     lost reports the first one's effect as a failure (a lease its holder
+//     released as not held), and retries with backoff hold a request while
+//     Redis refuses connections. A ClusterClient still resends a command
+//     whose node failed, up to MaxRedirects times, which it needs to follow
+//     MOVED and ASK; Obtain knows its own lease in the reply to a resent SET.
+//
+// It does not refuse a DialTimeout of Config.Timeout or longer, nor
+// go-redis's five dials per connection: Config.Timeout bounds each call
+// whatever they are. DialerRetries: 1 makes a call fail at once when Redis
+// refuses connections rather than at its Timeout, and a DialTimeout shorter
+// than the Timeout frees sooner a call that waits on a dial already out;
+// docs/configuration.md gives the client setup.
 func New(client redis.UniversalClient, cfg *Config) (*Locker, error) {
 	if client == nil {
 		return nil, errors.New("lock: nil redis client")
 	}
-	if !honoursDeadlines(client) {
-		return nil, errors.New("lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout")
+	if err := checkClient(client); err != nil {
+		return nil, err
 	}
 	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	l := &Locker{
-		client:  client,
-		cfg:     c,
-		replace: redis.NewScript(replaceSrc),
-		refresh: redis.NewScript(refreshSrc),
-		ttl:     redis.NewScript(ttlSrc),
-	}
-	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace, l.refresh, l.ttl}}
+	l := &Locker{client: client, cfg: c, replace: redis.NewScript(replaceSrc)}
+	l.pipe = &pipeline{client: client, timeout: c.Timeout, linger: defaultLinger, scripts: []*redis.Script{l.replace}}
 	return l, nil
 }
 
@@ -190,7 +190,9 @@ func (l *Locker) Key(scope, key string) string {
 // Obtain takes the lease of (scope, key) with state as its value, in one
 // round trip, and never waits for a held lease: the caller decides what a busy
 // key means. When another caller holds the key, Obtain returns the state that
-// caller wrote (nil for a lease written without state) and ErrNotObtained.
+// caller wrote (nil for a lease written without state) and ErrNotObtained; a
+// SET the client sent again after losing its reply, which finds the lease
+// its first send took, obtains it.
 //
 // Errors: ErrNotObtained when the key is held; ErrUnavailable (wrapped with
 // the cause) when Redis did not answer within the Timeout; the context's own
@@ -206,6 +208,10 @@ func (l *Locker) Obtain(ctx context.Context, scope, key string, state []byte) (*
 // remaining TTL. The age is negative when it cannot be told: a value written
 // by an older version records no TTL, and a remaining TTL longer than the one
 // recorded means Redis's clock stepped back since it was set.
+//
+// A held value that starts with this call's token is this call's own lease,
+// taken by an earlier send of the same SET whose reply was lost: the lease
+// is obtained.
 //
 // The SET and the PTTL go in one pipeline on one connection, so Redis runs
 // them back to back; should another client's command come between them all
@@ -227,7 +233,14 @@ func (l *Locker) obtainOrRead(ctx context.Context, scope, key string, state []by
 	case err != nil:
 		return nil, nil, 0, l.wrap(ctx, "obtain", err)
 	}
-	held, basis := parseValue(cmd.(*redis.StatusCmd).Val())
+	v := cmd.(*redis.StatusCmd).Val()
+	if strings.HasPrefix(v, lease.token) {
+		// This SET was sent again after its reply was lost (a
+		// ClusterClient resends up to MaxRedirects times), and its first
+		// send took the key.
+		return lease, nil, 0, nil
+	}
+	held, basis := parseValue(v)
 	age := time.Duration(-1)
 	if rem, err := pttl.Result(); err == nil && rem > 0 && basis > 0 && rem <= basis {
 		age = basis - rem
@@ -337,16 +350,30 @@ func (l *Locker) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
-// honoursDeadlines reports whether client applies context deadlines to its
-// network calls, for the client types whose options can be read.
-func honoursDeadlines(client redis.UniversalClient) bool {
+// checkClient refuses the options New refuses, for the client types whose
+// options can be read. Options() shows them as go-redis applies them: a
+// Client's or a Ring's MaxRetries of 0 reads as 3 and one of -1 as 0, and a
+// ClusterClient's 0 reads as -1.
+func checkClient(client redis.UniversalClient) error {
+	var deadlines bool
+	var retries int
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
+	case *redis.Ring:
+		deadlines, retries = c.Options().ContextTimeoutEnabled, c.Options().MaxRetries
+	default:
+		return nil
 	}
-	return true
+	switch {
+	case !deadlines:
+		return errors.New("lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout")
+	case retries > 0:
+		return fmt.Errorf("lock: the redis client must set MaxRetries: -1, not retry %d times (0 means go-redis's default of 3), or a command resent after a lost reply reports the first one's effect as a failure", retries)
+	}
+	return nil
 }
 
 // TryLock is Obtain in the shape idem.Config.Lock takes (idem.Locker). When
@@ -409,25 +436,20 @@ func (l *Locker) wrap(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
 
-// Lease is a held lock. Its methods are safe for concurrent use. A Lease says
-// nothing about whether Redis still holds it: ask with TTL.
+// Lease is a held lock: a key and the random owner token that starts its
+// value. Its methods are safe for concurrent use. A Lease says nothing about
+// whether Redis still holds it; its methods act only while it does.
 type Lease struct {
 	locker *Locker
 	key    string
 	token  string
 }
 
-// Key returns the Redis key of the lease.
-func (l *Lease) Key() string { return l.key }
-
-// Token returns the random owner token that starts the key's value.
-func (l *Lease) Token() string { return l.token }
-
 // Release deletes the key if it still holds this lease's token. It returns
 // ErrNotHeld when the lease has expired or belongs to someone else now; then
 // nothing is deleted.
 func (l *Lease) Release(ctx context.Context) error {
-	n, err := l.run(ctx, "release", l.locker.replace, l.token, "", 0, 1)
+	n, err := l.run(ctx, "release", l.token, "", 0, 1)
 	if err != nil {
 		return err
 	}
@@ -445,7 +467,7 @@ func (l *Lease) Replace(ctx context.Context, state []byte, ttl time.Duration) er
 	if ttl != 0 && ttl < time.Millisecond {
 		return fmt.Errorf("lock: replace: ttl %v below 1ms", ttl)
 	}
-	n, err := l.run(ctx, "replace", l.locker.replace, l.token, string(state), ttl.Milliseconds(), 0)
+	n, err := l.run(ctx, "replace", l.token, string(state), ttl.Milliseconds(), 0)
 	if err != nil {
 		return err
 	}
@@ -461,57 +483,20 @@ func (l *Lease) value(state []byte, ttl time.Duration) string {
 	return l.token + withTTL(ttl) + string(state)
 }
 
-// Refresh sets the lease's remaining life to ttl (millisecond precision) if it
-// is still held, else returns ErrNotHeld.
-func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
-	if ttl < time.Millisecond {
-		return fmt.Errorf("lock: refresh: ttl %v below 1ms", ttl)
-	}
-	n, err := l.run(ctx, "refresh", l.locker.refresh, l.token, ttl.Milliseconds())
-	if err != nil {
-		return err
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
-}
-
-// TTL returns the lease's remaining life, or ErrNotHeld if it has expired or
-// belongs to someone else.
-func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
-	ms, err := l.run(ctx, "ttl", l.locker.ttl, l.token)
-	if err != nil {
-		return 0, err
-	}
-	if ms < 0 {
-		return 0, ErrNotHeld
-	}
-	return time.Duration(ms) * time.Millisecond, nil
-}
-
-func (l *Lease) run(ctx context.Context, op string, s *redis.Script, args ...any) (int64, error) {
+// run runs replace.lua on the lease's key with args, through the Locker's
+// pipeline, and returns its reply: 1 when the lease was still held.
+func (l *Lease) run(ctx context.Context, op string, args ...any) (int64, error) {
 	cctx, cancel := l.locker.callCtx(ctx)
 	defer cancel()
-	reply, err := l.locker.eval(cctx, s, l.key, args...)
+	cmd, err := l.locker.pipe.do(cctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
+		return l.locker.replace.EvalSha(ctx, c, []string{l.key}, args...)
+	})
 	if err != nil {
 		return 0, l.locker.wrap(ctx, op, err)
 	}
-	n, ok := reply.(int64)
+	n, ok := cmd.(*redis.Cmd).Val().(int64)
 	if !ok {
-		return 0, l.locker.wrap(ctx, op, fmt.Errorf("unexpected reply %v", reply))
+		return 0, l.locker.wrap(ctx, op, fmt.Errorf("unexpected reply %v", cmd.(*redis.Cmd).Val()))
 	}
 	return n, nil
-}
-
-// eval runs script s on key through the Locker's pipeline and returns its
-// reply, or redis.Nil for a nil reply.
-func (l *Locker) eval(ctx context.Context, s *redis.Script, key string, args ...any) (any, error) {
-	cmd, err := l.pipe.do(ctx, 1, func(ctx context.Context, c redis.Cmdable) redis.Cmder {
-		return s.EvalSha(ctx, c, []string{key}, args...)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return cmd.(*redis.Cmd).Val(), nil
 }

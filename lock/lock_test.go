@@ -30,10 +30,7 @@ var backends = []backend{
 		return c, &lock.Config{Prefix: testredis.Prefix(t, c)}
 	}},
 	{"miniredis", func(t *testing.T) (redis.UniversalClient, *lock.Config) {
-		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
-		return c, nil
+		return testredis.Miniredis(t, miniredis.RunT(t)), nil
 	}},
 }
 
@@ -46,7 +43,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient,
 	}
 }
 
-func TestObtainReleaseRefresh(t *testing.T) {
+func TestObtainRelease(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient, cfg *lock.Config) {
 		ctx := context.Background()
 		l, err := lock.New(c, cfg)
@@ -54,35 +51,30 @@ func TestObtainReleaseRefresh(t *testing.T) {
 
 		lease, _, err := l.Obtain(ctx, "user-1", "k1", nil)
 		require.NoError(t, err)
-		require.Equal(t, l.Key("user-1", "k1"), lease.Key())
 
-		// The value is the random owner token and the TTL is the configured one.
-		val, err := c.Get(ctx, lease.Key()).Result()
+		// The value is a random owner token, then the TTL it was given;
+		// the key lives for the configured TTL.
+		val, err := c.Get(ctx, l.Key("user-1", "k1")).Result()
 		require.NoError(t, err)
-		require.Equal(t, lease.Token()+"|30000|", val, "the token, then the TTL it was given")
-		require.GreaterOrEqual(t, len(val), 16)
-		ttl, err := lease.TTL(ctx)
+		token, ok := strings.CutSuffix(val, "|30000|")
+		require.True(t, ok, "the token, then the TTL it was given: %q", val)
+		require.GreaterOrEqual(t, len(token), 16)
+		ttl, err := c.PTTL(ctx, l.Key("user-1", "k1")).Result()
 		require.NoError(t, err)
 		require.InDelta(t, (30 * time.Second).Seconds(), ttl.Seconds(), 1)
 
 		_, _, err = l.Obtain(ctx, "user-1", "k1", nil)
 		require.ErrorIs(t, err, lock.ErrNotObtained)
 
-		// Same key, another scope: a different intent.
+		// Same key, another scope: a different intent, another token.
 		other, _, err := l.Obtain(ctx, "user-2", "k1", nil)
 		require.NoError(t, err)
-		require.NotEqual(t, lease.Token(), other.Token())
-
-		require.NoError(t, lease.Refresh(ctx, 5*time.Second))
-		ttl, err = lease.TTL(ctx)
-		require.NoError(t, err)
-		require.LessOrEqual(t, ttl, 5*time.Second)
+		require.NotEqual(t, val, c.Get(ctx, l.Key("user-2", "k1")).Val())
 
 		require.NoError(t, lease.Release(ctx))
 		require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld)
-		require.ErrorIs(t, lease.Refresh(ctx, time.Second), lock.ErrNotHeld)
-		_, err = lease.TTL(ctx)
-		require.ErrorIs(t, err, lock.ErrNotHeld)
+		require.ErrorIs(t, lease.Replace(ctx, []byte("late"), time.Minute), lock.ErrNotHeld)
+		require.Zero(t, c.Exists(ctx, l.Key("user-1", "k1")).Val(), "nothing written back")
 
 		again, _, err := l.Obtain(ctx, "user-1", "k1", nil)
 		require.NoError(t, err)
@@ -128,26 +120,26 @@ func TestObtainRace(t *testing.T) {
 	})
 }
 
-// A lease that expired cannot release or refresh the key a new holder took.
+// A lease that expired can neither release nor replace the key a new holder
+// took.
 func TestExpiredLeaseCannotTouchNewHolder(t *testing.T) {
 	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
-	defer c.Close()
 	ctx := context.Background()
-	l, err := lock.New(c, &lock.Config{TTL: 10 * time.Second})
+	l, err := lock.New(testredis.Miniredis(t, mr), &lock.Config{TTL: 10 * time.Second})
 	require.NoError(t, err)
 
-	first, _, err := l.Obtain(ctx, "u", "k", nil)
+	first, _, err := l.Obtain(ctx, "u", "k", []byte("first"))
 	require.NoError(t, err)
 	mr.FastForward(11 * time.Second)
-	_, err = first.TTL(ctx)
-	require.ErrorIs(t, err, lock.ErrNotHeld)
+	require.False(t, mr.Exists(l.Key("u", "k")), "expired")
 
-	second, _, err := l.Obtain(ctx, "u", "k", nil)
+	second, _, err := l.Obtain(ctx, "u", "k", []byte("second"))
 	require.NoError(t, err)
+	held := mustGet(t, mr, l.Key("u", "k"))
 	require.ErrorIs(t, first.Release(ctx), lock.ErrNotHeld)
-	require.ErrorIs(t, first.Refresh(ctx, time.Minute), lock.ErrNotHeld)
-	require.Equal(t, second.Token()+"|10000|", mustGet(t, mr, second.Key()))
+	require.ErrorIs(t, first.Replace(ctx, []byte("first again"), time.Minute), lock.ErrNotHeld)
+	require.Equal(t, held, mustGet(t, mr, l.Key("u", "k")), "the new holder's value, untouched")
+	require.True(t, strings.HasSuffix(held, "|10000|second"))
 	require.NoError(t, second.Release(ctx))
 }
 
@@ -162,9 +154,7 @@ func TestUnavailable(t *testing.T) {
 	ctx := context.Background()
 	t.Run("error reply", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
-		defer c.Close()
-		l, err := lock.New(c, nil)
+		l, err := lock.New(testredis.Miniredis(t, mr), nil)
 		require.NoError(t, err)
 		lease, _, err := l.Obtain(ctx, "u", "k", nil)
 		require.NoError(t, err)
@@ -180,9 +170,7 @@ func TestUnavailable(t *testing.T) {
 	})
 	t.Run("server gone", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr(), MaxRetries: -1})
-		defer c.Close()
-		l, err := lock.New(c, &lock.Config{Timeout: 200 * time.Millisecond})
+		l, err := lock.New(testredis.Miniredis(t, mr), &lock.Config{Timeout: 200 * time.Millisecond})
 		require.NoError(t, err)
 		mr.Close()
 		_, _, err = l.Obtain(ctx, "u", "k", nil)
@@ -190,9 +178,7 @@ func TestUnavailable(t *testing.T) {
 	})
 	t.Run("caller cancelled", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: mr.Addr()})
-		defer c.Close()
-		l, err := lock.New(c, nil)
+		l, err := lock.New(testredis.Miniredis(t, mr), nil)
 		require.NoError(t, err)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
@@ -205,7 +191,7 @@ func TestUnavailable(t *testing.T) {
 // Keys that a naive concatenation would merge stay distinct, and every key
 // has exactly one hash tag, so one intent maps to one Cluster slot.
 func TestKeyDerivation(t *testing.T) {
-	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: "127.0.0.1:0"})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	l, err := lock.New(c, nil)
 	require.NoError(t, err)
@@ -229,7 +215,7 @@ func TestKeyDerivation(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	c := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true, Addr: "127.0.0.1:0"})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer c.Close()
 	for _, tc := range []struct {
 		name  string
@@ -277,7 +263,7 @@ func TestLeaseState(t *testing.T) {
 		_, held, err = l.Obtain(ctx, "u", "k", nil)
 		require.ErrorIs(t, err, lock.ErrNotObtained)
 		require.Equal(t, []byte("answer"), held)
-		ttl, err := lease.TTL(ctx)
+		ttl, err := c.PTTL(ctx, l.Key("u", "k")).Result()
 		require.NoError(t, err)
 		require.LessOrEqual(t, ttl, 5*time.Second)
 		require.Greater(t, ttl, 3*time.Second)
@@ -388,13 +374,13 @@ func TestHeldLeaseAgeAcrossTTLs(t *testing.T) {
 	require.Equal(t, 6*time.Second, age, "the writer's 300 s less its remaining 294 s")
 
 	// Replace keeping the TTL keeps what the age is measured against;
-	// Refresh records the new TTL.
+	// Replace with a TTL records the new one.
 	require.NoError(t, lease.Replace(ctx, []byte("t"), 0))
 	held, age, _, err = reader.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	require.Equal(t, []byte("t"), held)
 	require.Equal(t, 6*time.Second, age)
-	require.NoError(t, lease.Refresh(ctx, 20*time.Second))
+	require.NoError(t, lease.Replace(ctx, []byte("t"), 20*time.Second))
 	mr.FastForward(time.Second)
 	_, age, _, err = reader.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
@@ -402,16 +388,118 @@ func TestHeldLeaseAgeAcrossTTLs(t *testing.T) {
 
 	// Redis's clock stepped back 10 minutes: the key lives longer than it
 	// was given.
-	mr.SetTTL(lease.Key(), 20*time.Second+10*time.Minute)
+	k := reader.Key("u", "k")
+	mr.SetTTL(k, 20*time.Second+10*time.Minute)
 	_, age, _, err = reader.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	require.Negative(t, age)
 
 	// A value of an older version: the token, then the state.
-	require.NoError(t, mr.Set(lease.Key(), lease.Token()+"s"))
-	mr.SetTTL(lease.Key(), 30*time.Second)
+	token, _, _ := strings.Cut(mustGet(t, mr, k), "|")
+	require.NoError(t, mr.Set(k, token+"s"))
+	mr.SetTTL(k, 30*time.Second)
 	held, age, _, err = reader.TryLock(ctx, "u", "k", nil)
 	require.NoError(t, err)
 	require.Equal(t, []byte("s"), held)
 	require.Negative(t, age)
+}
+
+// resend is a go-redis hook that sends every command and pipeline twice and
+// keeps the second replies, as a client does that resends what it sent when
+// the reply was lost. A ClusterClient does so up to MaxRedirects times, which
+// it also spends on following MOVED and ASK.
+type resend struct{}
+
+func (resend) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (resend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		_ = next(ctx, cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (resend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		_ = next(ctx, cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// A SET NX resent after its reply was lost finds the lease its first send
+// took: Obtain knows its own token and reports the lease obtained, not held
+// by another. A resent release finds nothing to release and says so, which
+// is why New refuses a client that resends on its own (MaxRetries).
+func TestObtainResent(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := testredis.Miniredis(t, mr)
+	c.AddHook(resend{})
+	l, err := lock.New(c, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	lease, held, err := l.Obtain(ctx, "u", "k", []byte("mine"))
+	require.NoError(t, err, "the caller's own lease")
+	require.Nil(t, held)
+	_, held, err = l.Obtain(ctx, "u", "k", nil)
+	require.ErrorIs(t, err, lock.ErrNotObtained, "another caller's")
+	require.Equal(t, []byte("mine"), held)
+
+	require.NoError(t, lease.Replace(ctx, []byte("still mine"), 0))
+	require.ErrorIs(t, lease.Release(ctx), lock.ErrNotHeld, "released by the first send, reported by the second")
+	require.False(t, mr.Exists(l.Key("u", "k")))
+}
+
+// New refuses a client that ignores context deadlines or resends commands,
+// naming the option and its value, for every client type whose options it
+// can read; a ClusterClient resends nothing by default.
+func TestClientOptions(t *testing.T) {
+	const addr = "127.0.0.1:1"
+	for _, tc := range []struct {
+		name   string
+		client func() redis.UniversalClient
+		err    string // "" when accepted
+	}{
+		{"client", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		}, ""},
+		{"client ignoring deadlines", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		}, "lock: the redis client must set ContextTimeoutEnabled: true, or go-redis ignores the deadline that enforces Config.Timeout"},
+		{"client with default retries", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		}, "lock: the redis client must set MaxRetries: -1, not retry 3 times (0 means go-redis's default of 3)"},
+		{"client with 1 retry", func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: 1})
+		}, "MaxRetries: -1, not retry 1 times"},
+		{"failover client with default retries", func() redis.UniversalClient {
+			return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{addr}, ContextTimeoutEnabled: true})
+		}, "MaxRetries: -1, not retry 3 times"},
+		{"cluster client", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true})
+		}, ""},
+		{"cluster client ignoring deadlines", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+		}, "ContextTimeoutEnabled: true"},
+		{"cluster client with retries", func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true, MaxRetries: 2})
+		}, "MaxRetries: -1, not retry 2 times"},
+		{"ring", func() redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, ContextTimeoutEnabled: true, MaxRetries: -1})
+		}, ""},
+		{"ring with default retries", func() redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, ContextTimeoutEnabled: true})
+		}, "MaxRetries: -1, not retry 3 times"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client()
+			defer c.Close()
+			_, err := lock.New(c, nil)
+			if tc.err == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.err)
+		})
+	}
 }

@@ -361,7 +361,7 @@ func TestRunStops(t *testing.T) {
 func TestNewRefusesMisconfigurations(t *testing.T) {
 	t.Parallel()
 	pool := &pgxpool.Pool{}
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	resolve := func(context.Context, reconcile.Item) (reconcile.Decision, error) { return reconcile.Decision{}, nil }
 	tests := []struct {

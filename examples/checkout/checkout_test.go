@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -156,41 +157,57 @@ func TestDeclined(t *testing.T) {
 	})
 }
 
+// TestPaymentTimeout lives through the README's walkthrough "A payment that
+// times out", with every duration scaled down by the command's own flags:
+// the guard's MaxHold is 5s (46.5s with the defaults), the lease's TTL 3s
+// (30s), the reconciler's -reconcile-after 6s (1m) and -reconcile-every 1s
+// (10s). Nothing is aged by hand: the lease expires in Redis, the key turns
+// pending when its hold passes on the database's clock, and the reconciler
+// settles it on its own.
 func TestPaymentTimeout(t *testing.T) {
+	const (
+		maxHold = 5 * time.Second // -work-timeout 1s + 1s + 5 × -store-timeout 500ms + 0.5s
+		minAge  = 6 * time.Second
+		every   = time.Second
+	)
 	forEachStrategy(t, func(t *testing.T, a *app) {
 		user, key, body := newUser(), newKey(), orderBody(PMTimeout, 88211)
-		first := a.postOrder(t, user, key, body)
+		begun := time.Now()
+		order := func() reply { return a.postOrder(t, user, key, body) }
+
+		// order: 504 payment-timeout (the provider charged).
+		first := order()
 		require.Equal(t, http.StatusGatewayTimeout, first.Status)
 		require.Equal(t, problemBase+"payment-timeout", first.problemType(t))
 		require.Equal(t, 1, a.charges(t), "the provider charged; only its answer was lost")
 
-		for range 2 {
-			retry := a.postOrder(t, user, key, body)
-			require.Equal(t, http.StatusConflict, retry.Status, "a 5xx is not stored: the key stays in progress")
-			require.Contains(t, []string{"1", "2"}, retry.Header.Get("Retry-After"), "1s and its jitter")
-			require.Equal(t, problemBase+"request-in-progress", retry.problemType(t))
-		}
-		require.Equal(t, 1, a.charges(t), "a retry never charges twice")
+		// order: 409 request-in-progress, Retry-After 1 or 2.
+		retry := order()
+		require.Equal(t, http.StatusConflict, retry.Status, "a 5xx is not stored: the key stays in progress")
+		require.Equal(t, problemBase+"request-in-progress", retry.problemType(t))
+		require.Contains(t, []string{"1", "2"}, retry.Header.Get("Retry-After"), "1s and its jitter")
 
-		// Once the key is older than -reconcile-after (1m: pretend it is,
-		// and that the reconciler's scan, which had not reached it, is
-		// behind it), the reconciler asks the provider about
-		// order-{public_id}, finds the charge and settles the key with the
-		// real answer.
-		_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys SET created_at = now() - interval '2 minutes', hold_until = now() - interval '1 minute'`)
-		require.NoError(t, err)
-		var settled reply
-		require.Eventually(t, func() bool {
-			// Again on every poll: a reconciler run that began before the
-			// key was aged ends by moving scanned_to past it (a busy
-			// machine makes that likely).
-			_, err := a.pool.Exec(t.Context(), `UPDATE "`+a.schema+`".idempotency_keys_reconcile SET scanned_to = now() - interval '3 minutes'`)
-			if err != nil {
-				return false
-			}
-			settled = a.postOrder(t, user, key, body)
-			return settled.Status != http.StatusConflict
-		}, 15*time.Second, 50*time.Millisecond)
+		// sleep past MaxHold (the README's 50 s); order: 409
+		// request-pending, Retry-After -reconcile-after − MaxHold +
+		// -reconcile-every (2s) plus up to a fifth, rounded up.
+		time.Sleep(time.Until(begun.Add(maxHold + time.Second)))
+		pending := order()
+		require.Equal(t, http.StatusConflict, pending.Status, "body: %s", pending.Body)
+		require.Equal(t, problemBase+"request-pending", pending.problemType(t))
+		require.Contains(t, []string{"2", "3"}, pending.Header.Get("Retry-After"))
+
+		// A client that obeys Retry-After is told pending until the
+		// reconciler has settled the key (about twice -reconcile-after
+		// after the claim), then gets the 201, replayed.
+		settled := pending
+		for settled.Status == http.StatusConflict {
+			require.Equal(t, problemBase+"request-pending", settled.problemType(t), "past MaxHold the key is pending")
+			wait, err := strconv.Atoi(settled.Header.Get("Retry-After"))
+			require.NoError(t, err)
+			require.Less(t, time.Since(begun), 2*minAge+every+30*time.Second, "the reconciler settles the key")
+			time.Sleep(time.Duration(wait) * time.Second)
+			settled = order()
+		}
 		require.Equal(t, http.StatusCreated, settled.Status, "body: %s", settled.Body)
 		require.True(t, settled.replayed())
 		o := decodeOrderReply(t, settled)
@@ -198,8 +215,10 @@ func TestPaymentTimeout(t *testing.T) {
 		require.Equal(t, "/orders/"+o.ID, settled.Header.Get("Location"))
 		got := a.do(t, http.MethodGet, "/orders/"+o.ID, user, "", "")
 		require.Equal(t, "paid", decodeOrderReply(t, got).Status)
-		require.Equal(t, 1, a.charges(t), "reconciliation charges nothing")
-	})
+		require.Equal(t, 1, a.charges(t), "one charge, whatever the retries")
+		t.Logf("settled and replayed %v after the first request", time.Since(begun).Round(100*time.Millisecond))
+	}, "-work-timeout", "1s", "-store-timeout", "500ms", "-lease-ttl", "3s",
+		"-reconcile-after", minAge.String(), "-reconcile-every", every.String())
 }
 
 func TestInvalidOrder(t *testing.T) {

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemguard/idem/internal/clock"
 	"github.com/idemguard/idem/internal/testdb"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/lock"
@@ -56,13 +55,14 @@ var strategies = []strategy{
 	}},
 }
 
-// forEachStrategy runs fn in parallel subtests, each against its own server.
-func forEachStrategy(t *testing.T, fn func(t *testing.T, a *app)) {
+// forEachStrategy runs fn in parallel subtests, each against its own server
+// started with args.
+func forEachStrategy(t *testing.T, fn func(t *testing.T, a *app), args ...string) {
 	t.Parallel()
 	for _, s := range strategies {
 		t.Run("strategy="+s.name, func(t *testing.T) {
 			t.Parallel()
-			fn(t, start(t, s.args(t)...))
+			fn(t, start(t, append(s.args(t), args...)...))
 		})
 	}
 }
@@ -101,12 +101,10 @@ func start(t *testing.T, args ...string) *app {
 	return a
 }
 
-// startRaw runs the service with exactly args.
+// startRaw runs the service with exactly args, as the command runs it.
 func startRaw(t *testing.T, args ...string) *app {
 	t.Helper()
-	// The rows a test ages on the database's clock are as old on the
-	// reconciler's own (reconcile counts MinAge from its first listing).
-	ctx, cancel := context.WithCancel(clock.WithHeadStart(context.Background(), time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
 	stdout := newReadyWriter()
 	stderr := &syncBuffer{}
 	finished := make(chan struct{})

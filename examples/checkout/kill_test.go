@@ -18,8 +18,8 @@ package main
 //     provider never receives it. The reconciler must release the key; the
 //     next retry charges once.
 //
-// The guard's WorkTimeout has no flag, so the service's MaxHold is 46.5s and
-// its reconciler (-reconcile-after must exceed that) cannot act within a
+// The test keeps the default -work-timeout and -store-timeout, so the
+// service's MaxHold is 46.5s and its reconciler (-reconcile-after must exceed that) cannot act within a
 // test's time. The test therefore runs the service's reconciler path itself:
 // reconcile.New over the same durable store with a guard whose WorkTimeout is
 // short, and the service's own resolve (checkout.resolve). It only acts on

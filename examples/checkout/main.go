@@ -13,10 +13,13 @@
 //	                         alone (default hybrid)
 //	-database-url URL        PostgreSQL (default $DATABASE_URL, else
 //	                         postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable)
-//	-schema NAME             schema of the idempotency table (default: the connection's)
+//	-schema NAME             schema of every table (default checkout)
 //	-redis-addr HOST:PORT    Redis for the hybrid strategy, or "embedded" for an
 //	                         in-process miniredis (default $REDIS_ADDR, else embedded)
 //	-work DURATION           latency of the fake payment call (default 400ms)
+//	-work-timeout D          the guard's WorkTimeout (default 20s)
+//	-store-timeout D         the guard's StoreTimeout (default 5s)
+//	-lease-ttl D             the Redis lease's TTL, whole seconds (default 30s)
 //	-ttl DURATION            how long idempotency keys are kept (default 24h)
 //	-reconcile-every D       how often the reconciler runs (default 10s)
 //	-reconcile-after D       age of an in-progress key before it is reconciled (default 1m)
@@ -69,6 +72,7 @@ import (
 
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
+	"github.com/idemguard/idem/lock"
 	"github.com/idemguard/idem/pgidem"
 	"github.com/idemguard/idem/reconcile"
 )
@@ -76,6 +80,7 @@ import (
 const (
 	defaultAddr        = "127.0.0.1:8080"
 	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	defaultSchema      = "checkout"
 	embeddedRedis      = "embedded"
 
 	// problemBase prefixes the type URI of every problem the service sends.
@@ -123,6 +128,10 @@ type config struct {
 	work        time.Duration
 	ttl         time.Duration
 
+	workTimeout  time.Duration
+	storeTimeout time.Duration
+	leaseTTL     time.Duration
+
 	reconcileEvery time.Duration
 	reconcileAfter time.Duration
 	sweepEvery     time.Duration
@@ -138,12 +147,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.addr, "addr", defaultAddr, "listen `HOST:PORT` (port 0 picks a free port)")
 	fs.StringVar(&strategy, "strategy", "hybrid", "`hybrid` (Redis lease + PostgreSQL) or table (PostgreSQL only)")
 	fs.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "PostgreSQL connection `URL` ($DATABASE_URL)")
-	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `schema` of the idempotency_keys, checkout_orders and payrail_* tables (default: the connection's current schema)")
+	fs.StringVar(&c.schema, "schema", defaultSchema, "PostgreSQL `schema` of the idempotency_keys, checkout_orders and payrail_* tables, created if missing (\"\": the connection's current schema)")
 	fs.StringVar(&c.redisAddr, "redis-addr", envOr("REDIS_ADDR", embeddedRedis), "Redis `HOST:PORT` for -strategy hybrid, or \"embedded\" for an in-process miniredis ($REDIS_ADDR)")
 	fs.DurationVar(&c.work, "work", 400*time.Millisecond, "latency of the fake payment provider's charge call")
-	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key's answer is kept after it is stored (longer than the guard's MaxHold, 46.5s, and than -reconcile-after + -reconcile-every); a key without an answer never expires")
+	fs.DurationVar(&c.workTimeout, "work-timeout", 20*time.Second, "the guard's WorkTimeout: how long a request's work may run")
+	fs.DurationVar(&c.storeTimeout, "store-timeout", 5*time.Second, "the guard's StoreTimeout: how long each PostgreSQL call may take")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", 30*time.Second, "TTL of the Redis lease of -strategy hybrid, in whole seconds")
+	fs.DurationVar(&c.ttl, "ttl", durable.DefaultRetention, "how long an idempotency key's answer is kept after it is stored (longer than the guard's MaxHold, 46.5s with the defaults, and than -reconcile-after + -reconcile-every); a key without an answer never expires")
 	fs.DurationVar(&c.reconcileEvery, "reconcile-every", 10*time.Second, "how often the reconciler looks for keys a 5xx left in progress")
-	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the guard's MaxHold, 46.5s)")
+	fs.DurationVar(&c.reconcileAfter, "reconcile-after", reconcile.DefaultMinAge, "how long a key must have been in progress before the reconciler asks the provider (longer than the guard's MaxHold, 46.5s with the defaults)")
 	fs.DurationVar(&c.sweepEvery, "sweep-every", durable.DefaultSweepInterval, "how often expired keys are deleted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -186,7 +198,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.ttl < time.Second {
 		return usage("-ttl %v must be at least 1s", c.ttl)
 	}
-	for name, d := range map[string]time.Duration{"-reconcile-every": c.reconcileEvery, "-reconcile-after": c.reconcileAfter, "-sweep-every": c.sweepEvery} {
+	for name, d := range map[string]time.Duration{
+		"-work-timeout": c.workTimeout, "-store-timeout": c.storeTimeout, "-lease-ttl": c.leaseTTL,
+		"-reconcile-every": c.reconcileEvery, "-reconcile-after": c.reconcileAfter, "-sweep-every": c.sweepEvery,
+	} {
 		if d <= 0 {
 			return usage("%s %v must be positive", name, d)
 		}
@@ -243,11 +258,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// and turn it into an unknown outcome; the work keeps the guard's
 	// deadline (WorkTimeout, 20s by default), and its answer is stored and
 	// replayed to the client's retry.
-	gcfg := &idem.Config{Logger: log, DetachWork: true}
+	gcfg := &idem.Config{Logger: log, DetachWork: true, WorkTimeout: cfg.workTimeout, StoreTimeout: cfg.storeTimeout}
 	// Redis, for the hybrid strategy only.
 	redisDesc := "unused"
 	var rdb redis.UniversalClient // nil: the table strategy
+	var lcfg *lock.Config
 	if cfg.strategy == "hybrid" {
+		lcfg = &lock.Config{TTL: cfg.leaseTTL}
 		addr := cfg.redisAddr
 		if addr == embeddedRedis {
 			mr, err := miniredis.Run()
@@ -255,24 +272,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return fmt.Errorf("embedded redis: %w", err)
 			}
 			defer mr.Close()
+			// Keys expire as time passes, as in a real Redis: without
+			// this, miniredis moves TTLs only when told to (FastForward),
+			// and a lease would never age nor expire.
+			mr.ClockTTL(true)
 			addr = mr.Addr()
 			redisDesc = "embedded miniredis at " + addr
 		} else {
 			redisDesc = addr
 		}
-		client := redis.NewClient(&redis.Options{
-			Addr: addr,
-			// No retries inside the client: a SET NX retried after a lost
-			// reply finds its own lease and reports "not obtained" (a
-			// spurious 409), and while Redis is down every retry delays the
-			// fallback to the table claim. The guard decides what a failed
-			// call means.
-			MaxRetries:    -1,
-			DialerRetries: 1,
-			DialTimeout:   250 * time.Millisecond, // shorter than the lock's 500ms Timeout
-			// The lock bounds each call with a deadline (500ms); go-redis
-			// honours it only with this set.
+		client := redis.NewClient(&redis.Options{ // as docs/configuration.md explains
+			Addr:                  addr,
 			ContextTimeoutEnabled: true,
+			MaxRetries:            -1,
+			DialerRetries:         1,
+			DialTimeout:           250 * time.Millisecond,
 		})
 		defer func() { _ = client.Close() }()
 		rctx, cancel := context.WithTimeout(ctx, connectTimeout)
@@ -293,12 +307,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	svc, err := pgidem.New(pool, rdb, c.resolve, &pgidem.Config{
 		Store:     cfg.storeConfig(),
 		Guard:     gcfg,
+		Lock:      lcfg,
 		Reconcile: &reconcile.Config{Interval: cfg.reconcileEvery, MinAge: cfg.reconcileAfter},
 		Sweep:     &durable.SweeperConfig{Interval: cfg.sweepEvery},
 	})
 	if err != nil {
-		// A -ttl not longer than the guard's MaxHold (46.5s), or than the
-		// longest Retry-After of a pending key, say.
+		// A -ttl not longer than the guard's MaxHold (46.5s with the
+		// defaults), or than the longest Retry-After of a pending key, or
+		// a -lease-ttl that is not whole seconds, say.
 		fmt.Fprintf(stderr, "checkout: %v\n", err)
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -396,7 +412,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("checkout: started",
 		"addr", ln.Addr().String(), "strategy", guard.Strategy(), "db", describeDB(cfg.pool),
-		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl, "ready", front.ready.Load())
+		"schema", cfg.schema, "redis", redisDesc, "work", cfg.work, "ttl", cfg.ttl, "max_hold", guard.MaxHold(), "ready", front.ready.Load())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

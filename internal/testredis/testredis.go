@@ -37,12 +37,13 @@ func Addr() string {
 	return DefaultAddr
 }
 
-// Client returns a client of the real Redis at Addr, closed at cleanup. When
-// Redis does not answer, the test fails if CI=true and is skipped otherwise,
-// with a hint on how to start it.
+// Client returns a client of the real Redis at Addr, configured as the lock
+// wants a client (context deadlines honoured, no client-side retries),
+// closed at cleanup. When Redis does not answer, the test fails if CI=true
+// and is skipped otherwise, with a hint on how to start it.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(), ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -78,8 +79,8 @@ func Prefix(tb testing.TB, c redis.UniversalClient) string {
 // a node's client, a dial timeout below the lock's Timeout), closed at
 // cleanup. The cluster client itself still follows MOVED and ASK and, up to
 // MaxRedirects (3) times within the lock's Timeout, resends a command whose
-// node failed: a SET NX resent after a lost reply reports the caller's own
-// lease as taken, and the guard's durable claim sorts that out.
+// node failed; the lock recognises its own lease in the reply to a SET NX
+// resent after a lost reply.
 //
 // It reloads the slot map every second. go-redis learns of a failover only
 // when a node answers MOVED or the map is reloaded (by default every 60s): a
