@@ -214,17 +214,12 @@ var docPackages = map[string]string{
 // docName matches pkg.Name and pkg.Name.Member in prose and code.
 var docName = regexp.MustCompile(`\b(idem|durable|reconcile|lock|idemtest|grpcidem|migrations|pgidem|pgtest|idemclient)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
 
-// TestDocsNamesExist fails when README.md or a page of docs/ mentions a
-// pkg.Name (idem.Guard, durable.Store.Claim, idem.Config.Lock) that the
-// package does not declare: an exported top-level name, or a method, field
-// or interface method of an exported type.
+// TestDocsNamesExist fails when README.md, a page of docs/ or a README
+// mentions a pkg.Name (idem.Guard, durable.Store.Claim, idem.Config.Lock)
+// that the package does not declare: an exported top-level name, or a method,
+// field or interface method of an exported type.
 func TestDocsNamesExist(t *testing.T) {
-	members := map[string]map[string]bool{} // "pkg.Name" -> member names; the key exists for every name
-	for pkg, dir := range docPackages {
-		for name, ms := range exportedNames(t, dir) {
-			members[pkg+"."+name] = ms
-		}
-	}
+	members := declaredNames(t)
 	var pages []string
 	for _, pattern := range []string{"README.md", "docs/*.md", "*/README.md", "examples/*/README.md"} {
 		m, err := filepath.Glob(pattern)
@@ -237,21 +232,93 @@ func TestDocsNamesExist(t *testing.T) {
 		src, err := os.ReadFile(page)
 		require.NoError(t, err)
 		for i, line := range strings.Split(string(src), "\n") {
-			for _, m := range docName.FindAllStringSubmatch(line, -1) {
-				checked++
-				ms, ok := members[m[1]+"."+m[2]]
-				if !ok {
-					t.Errorf("%s:%d: %s.%s is not declared by package %s", page, i+1, m[1], m[2], m[1])
-					continue
-				}
-				if m[3] != "" && !ms[m[3]] {
-					t.Errorf("%s:%d: %s has no method or field %s", page, i+1, m[0], m[3])
-				}
-			}
+			checked += checkNames(t, members, fmt.Sprintf("%s:%d", page, i+1), line)
 		}
 	}
 	t.Logf("%d names checked", checked)
 	require.Greater(t, checked, 100, "the docs name the API as pkg.Name")
+}
+
+// TestCommentNamesExist is TestDocsNamesExist for the comments of the
+// non-test Go files of every module of the repository and for the SQL of
+// migrations/ (its comments, and the COMMENT ON text it writes into the
+// database's catalog): a doc comment or a column comment must not name what
+// no longer exists.
+func TestCommentNamesExist(t *testing.T) {
+	members := declaredNames(t)
+	checked := 0
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, group := range f.Comments {
+			for _, c := range group.List {
+				line := fset.Position(c.Slash).Line
+				for i, text := range strings.Split(c.Text, "\n") {
+					checked += checkNames(t, members, fmt.Sprintf("%s:%d", path, line+i), text)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	sqls, err := filepath.Glob("migrations/*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, sqls)
+	for _, path := range sqls {
+		src, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(src), "\n") {
+			checked += checkNames(t, members, fmt.Sprintf("%s:%d", path, i+1), line)
+		}
+	}
+	t.Logf("%d names checked", checked)
+	require.Greater(t, checked, 100, "the comments name the API as pkg.Name")
+}
+
+// declaredNames returns, for every pkg.Name that docPackages declare, the
+// names of its members; the key exists for every name.
+func declaredNames(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	members := map[string]map[string]bool{}
+	for pkg, dir := range docPackages {
+		for name, ms := range exportedNames(t, dir) {
+			members[pkg+"."+name] = ms
+		}
+	}
+	return members
+}
+
+// checkNames reports, at where, every pkg.Name and pkg.Name.Member of text
+// that is not declared, and returns how many names it checked.
+func checkNames(t *testing.T, members map[string]map[string]bool, where, text string) int {
+	t.Helper()
+	found := docName.FindAllStringSubmatch(text, -1)
+	for _, m := range found {
+		ms, ok := members[m[1]+"."+m[2]]
+		if !ok {
+			t.Errorf("%s: %s.%s is not declared by package %s", where, m[1], m[2], m[1])
+			continue
+		}
+		if m[3] != "" && !ms[m[3]] {
+			t.Errorf("%s: %s has no method or field %s", where, m[0], m[3])
+		}
+	}
+	return len(found)
 }
 
 // exportedNames returns the exported top-level names declared by the

@@ -237,8 +237,9 @@ func (x *execution) write(ctx context.Context, a Response) error {
 }
 
 // takenOver reports that the claimed row is no longer this execution's: it
-// was released, settled or expired and claimed again while the work ran,
-// which only work that overran MaxHold, or a hand-made release, allows.
+// was released or settled (and perhaps claimed again) while the work ran,
+// which only work that overran MaxHold, or a hand-made release or settle,
+// allows. A row in progress never expires.
 func (x *execution) takenOver(ctx context.Context, op string) {
 	x.g.tel.add(ctx, evDoubleExecution)
 	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the claimed row was released, settled or taken over while the work ran; the work may have run twice",
@@ -247,7 +248,7 @@ func (x *execution) takenOver(ctx context.Context, op string) {
 
 func (x *execution) storeFailed(ctx context.Context, op string, err error) {
 	x.g.tel.add(ctx, evStoreError)
-	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer not stored; the key stays in progress until settled or expired",
+	x.g.log.LogAttrs(ctx, slog.LevelError, "idem: answer not stored; the key stays in progress until settled or released",
 		slog.String("op", op), slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
 }
 

@@ -17,10 +17,10 @@
 //   - table (no lock configured): the claim alone. One PostgreSQL write to
 //     claim and one to store the answer per first execution; one read-only
 //     round trip per replay.
-//   - hybrid ([Config.Lock] set): SET NX EX in Redis (package lock) first, so
-//     that retries of a running or finished key are refused or replayed with
-//     one Redis round trip and one read, and retry storms never reach the
-//     claim. The request that gets the lease still claims its row, so Redis
+//   - hybrid ([Config.Lock] set): a lease in Redis (package lock) first,
+//     which carries the key's state, so that retries of a running key,
+//     reused keys and replays are answered with one Redis round trip and no
+//     PostgreSQL statement, and retry storms never reach the claim. The request that gets the lease still claims its row, so Redis
 //     is a filter, never the fence: a lost lease, a Redis outage, a partition
 //     or a fleet mixing both strategies cannot run the work twice.
 //
