@@ -435,7 +435,10 @@ func (g *Guard) remember(req Request, resp Response, expires time.Time) {
 
 func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err error) (Response, Outcome, error) {
 	if cerr := ctx.Err(); cerr != nil {
-		return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, cerr, err)
+		if errors.Is(err, cerr) { // the store's error says so already
+			return Response{}, OutcomeNone, &wrapError{cause: err}
+		}
+		return Response{}, OutcomeNone, &wrapError{kind: cerr, cause: err}
 	}
 	if errors.Is(err, ErrInvalid) {
 		// Do validates every field first, so this is a store with stricter
@@ -452,7 +455,7 @@ func (g *Guard) storeFailed(ctx context.Context, req Request, op string, err err
 		}
 		g.log.LogAttrs(ctx, slog.LevelError, "idem: store unavailable, failing closed", attrs...)
 	}
-	return Response{}, OutcomeNone, fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
+	return Response{}, OutcomeNone, &wrapError{kind: ErrUnavailable, cause: err}
 }
 
 // storeContext is the context of a store call made on behalf of a request
@@ -495,7 +498,7 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner Token, resp
 		return fmt.Errorf("idem: settle: status %d cannot be stored (5xx and 429 never are)", resp.Status)
 	}
 	if err := g.store.Complete(ctx, scope, key, owner, resp); err != nil {
-		return fmt.Errorf("idem: settle: %w", err)
+		return &wrapError{op: "settle", cause: err}
 	}
 	if g.lock != nil {
 		g.copySettled(ctx, scope, key)
@@ -516,7 +519,7 @@ func (g *Guard) Settle(ctx context.Context, scope, key string, owner Token, resp
 // is never released. In the hybrid strategy the key's lease is deleted too.
 func (g *Guard) Release(ctx context.Context, scope, key string, owner Token) error {
 	if err := g.store.Release(ctx, scope, key, owner); err != nil {
-		return fmt.Errorf("idem: release: %w", err)
+		return err // the store's error names the operation: "durable: release: ..."
 	}
 	if g.lock != nil {
 		g.dropLease(ctx, Request{Scope: scope, Key: key})

@@ -48,7 +48,7 @@ func Complete(ctx context.Context, tx any, resp Response) error {
 	}
 	joined, err := j.Join(tx)
 	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+		return &wrapError{op: "complete", cause: err}
 	}
 	a := resp
 	if x.stored != nil {
@@ -58,10 +58,10 @@ func Complete(ctx context.Context, tx any, resp Response) error {
 	if errors.Is(err, ErrNotOwner) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCompleted) {
 		x.g.log.LogAttrs(ctx, slog.LevelError, "idem: the key no longer takes this execution's answer",
 			slog.String("key_hash", keyHash(x.req)), slog.Any("error", err))
-		return fmt.Errorf("idem: complete: %w: %w", ErrSuperseded, err)
+		return &wrapError{kind: ErrSuperseded, cause: err}
 	}
 	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+		return &wrapError{op: "complete", cause: err}
 	}
 	x.joined.Store(&a)
 	return nil

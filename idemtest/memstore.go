@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -306,9 +307,9 @@ func (s *MemStore) inProgress(op string, k memKey, owner idem.Token, now time.Ti
 	case !ok || !s.live(r, now):
 		return nil, notFound(op)
 	case r.owner != owner:
-		return r, fmt.Errorf("idemtest: %s: %w", op, idem.ErrNotOwner)
+		return r, &storeError{op: op, kind: idem.ErrNotOwner}
 	case r.answer != nil:
-		return r, fmt.Errorf("idemtest: %s: %w", op, idem.ErrCompleted)
+		return r, &storeError{op: op, kind: idem.ErrCompleted}
 	}
 	return r, nil
 }
@@ -367,7 +368,7 @@ func encodeAnswer(op string, a idem.Response) (*memAnswer, error) {
 	}
 	headers, err := json.Marshal(h)
 	if err != nil {
-		return nil, fmt.Errorf("idemtest: %s: %w: %w", op, idem.ErrInvalid, err)
+		return nil, &storeError{op: op, kind: idem.ErrInvalid, cause: err}
 	}
 	body := bytes.Clone(a.Body)
 	if body == nil {
@@ -402,9 +403,34 @@ func checkKey(op, scope, key string) error {
 }
 
 func invalid(op, detail string) error {
-	return fmt.Errorf("idemtest: %s: %w: %s", op, idem.ErrInvalid, detail)
+	return &storeError{op: op, kind: idem.ErrInvalid, cause: errors.New(detail)}
 }
 
 func notFound(op string) error {
-	return fmt.Errorf("idemtest: %s: %w", op, idem.ErrNotFound)
+	return &storeError{op: op, kind: idem.ErrNotFound}
+}
+
+// storeError is an error of one MemStore call, as durable's: its kind (one
+// of idem's store errors) and cause, both reachable with errors.Is and
+// errors.As, in one line that names each layer once ("idemtest: complete:
+// not found").
+type storeError struct {
+	op    string
+	kind  error
+	cause error
+}
+
+func (e *storeError) Error() string {
+	s := "idemtest: " + e.op + ": " + strings.TrimPrefix(e.kind.Error(), "idem: ")
+	if e.cause != nil {
+		s += ": " + e.cause.Error()
+	}
+	return s
+}
+
+func (e *storeError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.kind}
+	}
+	return []error{e.kind, e.cause}
 }
