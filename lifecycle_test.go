@@ -182,8 +182,9 @@ func TestUnansweredKeyNeverExpires(t *testing.T) {
 func TestReconcilerWaitsForTheRowsDeadline(t *testing.T) {
 	forEachStrategy(t, func(t *testing.T, strategy string) {
 		b := setup(t, strategy, func(o *setupOpts) { o.cfg.WorkTimeout = 5 * time.Minute })
-		short, err := idem.New(b.store, &idem.Config{WorkTimeout: 100 * time.Millisecond, StoreTimeout: 100 * time.Millisecond,
-			Logger: quietLogger()})
+		// The default StoreTimeout: a claim may take more than 100 ms on a
+		// busy machine. MaxHold stays far below the 2 minutes below.
+		short, err := idem.New(b.store, &idem.Config{WorkTimeout: 100 * time.Millisecond, Logger: quietLogger()})
 		require.NoError(t, err)
 		ctx := t.Context()
 		var resolved atomic.Int32
