@@ -193,6 +193,7 @@ type Guard struct {
 	redis        redisBreaker // hybrid: a recent failure of the lease service
 	repeats      repeatLog    // which store failures are logged
 	stopped      atomic.Bool  // hybrid: Shutdown has begun, the lease is left alone
+	mode         leaseMode    // hybrid: lease first or claim first
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -239,6 +240,7 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		waiter:       c.Waiter,
 		wait:         c.Wait,
 		maxWaiters:   maxWaiters,
+		mode:         leaseMode{window: leaseWindow, enter: enterClaimFirst, leave: leaveClaimFirst},
 	}
 	hold := g.MaxHold()
 	if g.retention <= hold {
