@@ -24,8 +24,9 @@
 //     request that gets the lease still claims its row, so Redis is a
 //     filter, never the fence: a lost lease, a Redis outage, a partition or
 //     a fleet mixing both strategies cannot run the work twice. While
-//     duplicates are rare, requests claim first and the lease only keeps
-//     copies of answers: it costs first executions nothing it need not.
+//     duplicates are rare, requests claim first, as in the table strategy,
+//     and the lease only receives copies of answers (one Redis write no
+//     request waits for).
 //
 // A stored answer is durable before the client reads it: the middleware
 // sends it once the store has committed it (durable.Store waits for the

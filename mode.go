@@ -12,8 +12,8 @@ import "sync/atomic"
 // the claim, as in the table strategy, and its answer is still copied into
 // the lease, so that the retries to come are answered by Redis once
 // duplicates are frequent again. While duplicates are frequent, a request
-// consults the lease first (doHybrid), so that a storm of retries never
-// reaches PostgreSQL.
+// consults the lease first (leaseFirst), so that a storm of retries does not
+// reach PostgreSQL.
 //
 // Both are safe in any mix, across instances and through the switch: the
 // claim decides who runs either way, and claiming first writes nothing to
@@ -25,8 +25,9 @@ import "sync/atomic"
 // first. It claims first from the end of a window of leaseWindow such
 // requests with at most enterClaimFirst duplicates, and leases first again
 // as soon as a window claiming first has seen leaveClaimFirst duplicates,
-// without waiting for the window's end: at most leaveClaimFirst requests of
-// a storm reach PostgreSQL before the lease answers the rest. The counts
+// without waiting for the window's end: about leaveClaimFirst requests of a
+// storm (and those already on their way) reach PostgreSQL before the lease
+// answers the rest. The counts
 // are approximate under concurrency (a window may lose a few requests at
 // its end), which only moves a switch by a few requests.
 type leaseMode struct {

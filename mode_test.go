@@ -97,9 +97,9 @@ func TestLeaseModesSwitchUnderLoad(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		started  []idem.Request // new intents, from the moment they are sent
-		executed []idem.Request // intents whose first request has returned
-		runs     sync.Map // key -> *atomic.Int32
-		answered sync.Map // key -> []idem.Response (what the requests got)
+		executed []idem.Request // intents that ran, once their request returned
+		runs     sync.Map       // key -> *atomic.Int32
+		answered sync.Map       // key -> *sync.Map of the bodies its requests got
 	)
 	work := func(key string) idem.Work {
 		return func(ctx context.Context) (idem.Response, error) {
