@@ -20,9 +20,13 @@
 //   - hybrid ([Config.Lock] set): a lease in Redis (package lock) first,
 //     which carries the key's state, so that retries of a running key,
 //     reused keys and replays are answered with one Redis round trip and no
-//     PostgreSQL statement, and retry storms never reach the claim. The request that gets the lease still claims its row, so Redis
-//     is a filter, never the fence: a lost lease, a Redis outage, a partition
-//     or a fleet mixing both strategies cannot run the work twice.
+//     PostgreSQL statement, and retry storms never reach the claim. The
+//     request that gets the lease still claims its row, so Redis is a
+//     filter, never the fence: a lost lease, a Redis outage, a partition or
+//     a fleet mixing both strategies cannot run the work twice. While
+//     duplicates are rare, requests claim first, as in the table strategy,
+//     and the lease only receives copies of answers (one Redis write no
+//     request waits for).
 //
 // A stored answer is durable before the client reads it: the middleware
 // sends it once the store has committed it (durable.Store waits for the
@@ -122,7 +126,7 @@ type Config struct {
 	// (executed, executed_unstored, released, replayed, in_progress,
 	// key_reused, key_missing, key_invalid, settled, fallback, store_error,
 	// double_execution, answer_mismatch, overrun, cache_hit, waited,
-	// wait_timeout, wait_refused, lease_answered) and the histogram
+	// wait_timeout, wait_refused, lease_answered, claim_first) and the histogram
 	// "idem.phase.duration" of the guard's own steps (lock, claim, read,
 	// store, lease). Defaults to nil: no metrics and no cost
 	// beyond the atomic counters behind Stats.
@@ -193,6 +197,7 @@ type Guard struct {
 	redis        redisBreaker // hybrid: a recent failure of the lease service
 	repeats      repeatLog    // which store failures are logged
 	stopped      atomic.Bool  // hybrid: Shutdown has begun, the lease is left alone
+	mode         leaseMode    // hybrid: lease first or claim first
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -239,6 +244,7 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		waiter:       c.Waiter,
 		wait:         c.Wait,
 		maxWaiters:   maxWaiters,
+		mode:         leaseMode{window: leaseWindow, enter: enterClaimFirst, leave: leaveClaimFirst},
 	}
 	hold := g.MaxHold()
 	if g.retention <= hold {

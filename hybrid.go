@@ -11,18 +11,38 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// doHybrid puts a Redis lease in front of the durable claim. One round trip
-// either takes the lease (state leaseClaiming, with this request's
-// fingerprint) or returns the state another request left there, which answers
-// the retries of a running key (409), reused keys (422) and replays without
-// PostgreSQL (see lease.go). The request that gets the lease claims the
-// durable row like the table strategy, so PostgreSQL still decides who runs;
-// when the claim finds a row, the lease is replaced by what the row says.
+// doHybrid answers a request of the hybrid strategy: the lease first, or,
+// while duplicates are rare, the claim first (see leaseMode).
+func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+	var resp Response
+	var out Outcome
+	var err error
+	if g.mode.first() && !g.leaseOff() {
+		g.tel.add(ctx, evClaimFirst)
+		resp, out, err = g.claimAndRun(ctx, req, work, nil)
+	} else {
+		resp, out, err = g.leaseFirst(ctx, req, work)
+	}
+	dup := out == OutcomeReplayed || out == OutcomeInProgress || out == OutcomeKeyReused
+	if out != OutcomeNone && g.mode.observe(dup) {
+		g.log.LogAttrs(ctx, slog.LevelDebug, "idem: the hybrid switched lease modes", slog.Bool("claim_first", g.mode.first()))
+	}
+	return resp, out, err
+}
+
+// leaseFirst puts a Redis lease in front of the durable claim. One round
+// trip either takes the lease (state leaseClaiming, with this request's
+// fingerprint) or returns the state another request left there, which
+// answers the retries of a running key (409), reused keys (422) and replays
+// without PostgreSQL (see lease.go). The request that gets the lease claims
+// the durable row like the table strategy, so PostgreSQL still decides who
+// runs; when the claim finds a row, the lease is replaced by what the row
+// says.
 //
 // After a Redis failure the guard goes straight to the table claim for a
 // second (redisBreaker): a stalled Redis then costs one request per second its
 // timeout, not every request.
-func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
+func (g *Guard) leaseFirst(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	if g.stopped.Load() || !g.redis.allow() {
 		g.tel.add(ctx, evFallback)
 		return g.claimAndRun(ctx, req, work, nil)

@@ -34,6 +34,7 @@ type Stats struct {
 	WaitTimeouts     uint64 // requests that waited for a running key until their bound, then got 409
 	WaitsRefused     uint64 // requests refused a wait because 1024 already waited
 	LeaseAnswers     uint64 // hybrid: requests answered from the Redis lease, without PostgreSQL (409, 422, replay)
+	ClaimsFirst      uint64 // hybrid: requests that claimed their row without consulting the lease, duplicates being rare
 }
 
 // event is something the Guard counts, in Stats and as a metric.
@@ -59,6 +60,7 @@ const (
 	evWaitTimeout
 	evWaitRefused
 	evLeaseAnswered
+	evClaimFirst
 	numEvents
 )
 
@@ -69,7 +71,7 @@ var eventNames = [numEvents]string{
 	evFallback: "fallback", evStoreError: "store_error",
 	evDoubleExecution: "double_execution", evAnswerMismatch: "answer_mismatch", evOverrun: "overrun",
 	evCacheHit: "cache_hit", evWaited: "waited", evWaitTimeout: "wait_timeout", evWaitRefused: "wait_refused",
-	evLeaseAnswered: "lease_answered",
+	evLeaseAnswered: "lease_answered", evClaimFirst: "claim_first",
 }
 
 // phase is a timed step of the guard's own work.
@@ -164,7 +166,7 @@ func (g *Guard) Stats() Stats {
 		DoubleExecutions: c[evDoubleExecution].Load(), AnswerMismatches: c[evAnswerMismatch].Load(),
 		Overruns: c[evOverrun].Load(), CacheHits: c[evCacheHit].Load(),
 		Waited: c[evWaited].Load(), WaitTimeouts: c[evWaitTimeout].Load(), WaitsRefused: c[evWaitRefused].Load(),
-		LeaseAnswers: c[evLeaseAnswered].Load(),
+		LeaseAnswers: c[evLeaseAnswered].Load(), ClaimsFirst: c[evClaimFirst].Load(),
 	}
 }
 

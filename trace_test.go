@@ -142,10 +142,14 @@ func TestTraceStrategies(t *testing.T) {
 		require.Len(t, spans, 4)
 		exec := spans[0]
 		wantStrategy := "table"
-		if strategy != "table" {
+		switch strategy {
+		case "hybrid-claim-first":
+			wantStrategy = "hybrid"
+			require.Equal(t, []string{"claim", "store", "lease_queued"}, spanEvents(exec))
+		case "hybrid", "hybrid-miniredis":
 			wantStrategy = "hybrid"
 			require.Subset(t, spanEvents(exec), []string{"lock", "claim", "store", "lease_queued"})
-		} else {
+		default:
 			require.Equal(t, []string{"claim", "store"}, spanEvents(exec))
 		}
 		a := spanAttrs(exec)

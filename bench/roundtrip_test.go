@@ -1,9 +1,12 @@
 package main_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemguard/idem"
 
 	"github.com/idemguard/idem/bench/internal/target"
 )
@@ -50,4 +53,21 @@ func TestRoundTrips(t *testing.T) {
 			})
 		}
 	}
+	// After a window of 512 new keys without a duplicate, the hybrid claims
+	// first: a first execution's only Redis command is its answer's copy.
+	t.Run(target.Hybrid+"/first_execution_claiming_first", func(t *testing.T) {
+		r := newRig(t, target.Hybrid)
+		for i := range 512 {
+			_, out, _ := r.guard.Do(t.Context(), request("window-"+strconv.Itoa(i)), work)
+			require.Equal(t, idem.OutcomeExecuted, out)
+		}
+		pg0, rd0 := r.pg.Count(), r.redisCount(t)
+		for i := range 3 {
+			_, out, _ := r.guard.Do(t.Context(), request("first-"+strconv.Itoa(i)), work)
+			require.Equal(t, idem.OutcomeExecuted, out)
+		}
+		require.EqualValues(t, 3*2, r.pg.Count()-pg0, "PostgreSQL round trips: claim, complete")
+		require.EqualValues(t, 3*1, r.redisCount(t)-rd0, "Redis commands: the copy")
+		require.EqualValues(t, 3, r.guard.Stats().ClaimsFirst)
+	})
 }

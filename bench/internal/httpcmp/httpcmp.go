@@ -4,9 +4,11 @@
 // (guard-unshared) and with asynchronous answers (guard-async) and, with
 // -baseline, the guard of another build of the bench, each in a worker
 // process of its own on loopback, closed loop, with first executions
-// (unique keys) and replays, at each caller count, in interleaved rounds
-// whose order alternates (ABBA). It reports the medians of the per-round
-// ratios with their spread, and per first execution the disk flushes
+// (unique keys) and replays, at each caller count, every strategy's and
+// implementation's worker in each round, in an order that alternates
+// (ABBA). It reports the medians of the per-round ratios (between
+// implementations, and hybrid ÷ table) with their spread, and per first
+// execution the disk flushes
 // (pg_stat_wal.wal_sync, server-wide) and the CPU of PostgreSQL and of the
 // worker.
 //
@@ -113,6 +115,7 @@ type config struct {
 	rounds           int
 	run              time.Duration
 	replayKeys       int
+	impls            []string // what runs, Before last when there is a baseline
 	baseline         string
 	pgDelay          time.Duration // added to each worker's PostgreSQL round trip
 	progress         io.Writer
@@ -133,7 +136,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var (
 		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies")
-		rounds     = fs.Int("rounds", 6, "ABBA rounds per strategy, caller count and scenario (at least 2)")
+		implsFlag  = fs.String("impls", strings.Join(allImpls, ","), "implementations (with -baseline, \"before\" too)")
+		rounds     = fs.Int("rounds", 6, "ABBA rounds per caller count and scenario (at least 2)")
 		runFor     = fs.Duration("run", 2*time.Second, "how long each implementation runs per round")
 		replayKeys = fs.Int("replay-keys", 500, "keys answered before each replay run, which its requests repeat")
 		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
@@ -148,6 +152,22 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
 		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, progress: stdout}
+	for _, impl := range cli.Split(*implsFlag) {
+		if !slices.Contains(allImpls, impl) {
+			fmt.Fprintf(stderr, "http: -impls: %q is none of %s\n", impl, strings.Join(allImpls, ", "))
+			return 2
+		}
+		cfg.impls = append(cfg.impls, impl)
+	}
+	if cfg.baseline != "" {
+		cfg.impls = append(cfg.impls, Before)
+	}
+	for _, st := range cfg.strategies {
+		if st != "table" && st != "hybrid" {
+			fmt.Fprintf(stderr, "http: -strategies: %q is neither table nor hybrid\n", st)
+			return 2
+		}
+	}
 	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -156,8 +176,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.callers = append(cfg.callers, n)
 	}
-	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 {
-		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, and -callers")
+	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 ||
+		len(cfg.impls) == 0 || len(cfg.strategies) == 0 {
+		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls and -strategies")
 		return 2
 	}
 	started := time.Now()
@@ -189,7 +210,6 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	defer env.Close(context.WithoutCancel(ctx))
 	meter := fleet.NewMeter(cfg.redisAddr, env.Pool, env.Schema)
 	defer meter.Close()
-	impls := implementations(cfg)
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -205,62 +225,69 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	var runs []Run
 	var seq atomic.Int64
 	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "pgµs/req", "wkµs/req", "errors")
-	for _, strategy := range cfg.strategies {
-		for _, conc := range cfg.callers {
-			fleets := map[string]*fleet.Fleet{}
-			closeAll := func() {
-				for _, f := range fleets {
-					_ = f.Close()
-				}
-			}
-			for _, impl := range impls {
-				fc := fleet.Config{Binary: self, DatabaseURL: workerURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
-					Prefix: env.Prefix, Strategy: strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
-				switch impl {
-				case Minimal:
-					fc.Minimal = true
-				case GuardAsync:
-					fc.AsyncAnswers = true
-				case GuardUnshared:
-					fc.Unshared = true
-				case Before:
-					fc.Binary = cfg.baseline
-				}
-				f, err := fleet.Start(ctx, fc, 1)
-				if err != nil {
-					closeAll()
-					return runs, fmt.Errorf("%s worker: %w", impl, err)
-				}
-				fleets[impl] = f
-			}
-			for _, impl := range impls { // dial the pools, load the scripts
-				if _, err := runOne(ctx, env, meter, fleets[impl], impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
-					closeAll()
-					return runs, err
-				}
-			}
-			for round := range cfg.rounds {
-				order := slices.Clone(impls)
-				if round%2 == 1 {
-					slices.Reverse(order)
-				}
-				for _, sc := range []string{Unique, Replay} {
-					for _, impl := range order {
-						r, err := runOne(ctx, env, meter, fleets[impl], impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
-						if err != nil {
-							closeAll()
-							return runs, err
-						}
-						r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = strategy, sc, impl, conc, round+1
-						runs = append(runs, r)
-						fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %7d\n",
-							strategy, sc, conc, round+1, impl, r.OpsPerSec(), r.FlushesPerExecution(),
-							r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.Errors)
-					}
-				}
-			}
-			closeAll()
+	// Every strategy's workers run interleaved in each round, so that the
+	// strategies are compared as the implementations are.
+	type worker struct{ strategy, impl string }
+	var workers []worker
+	for _, st := range cfg.strategies {
+		for _, impl := range cfg.impls {
+			workers = append(workers, worker{st, impl})
 		}
+	}
+	for _, conc := range cfg.callers {
+		fleets := map[worker]*fleet.Fleet{}
+		closeAll := func() {
+			for _, f := range fleets {
+				_ = f.Close()
+			}
+		}
+		for _, w := range workers {
+			fc := fleet.Config{Binary: self, DatabaseURL: workerURL, RedisAddr: cfg.redisAddr, Schema: env.Schema,
+				Prefix: env.Prefix, Strategy: w.strategy, PoolSize: min(conc, maxPool), RedisPoolSize: conc, MaxInFlight: conc}
+			switch w.impl {
+			case Minimal:
+				fc.Minimal = true
+			case GuardAsync:
+				fc.AsyncAnswers = true
+			case GuardUnshared:
+				fc.Unshared = true
+			case Before:
+				fc.Binary = cfg.baseline
+			}
+			f, err := fleet.Start(ctx, fc, 1)
+			if err != nil {
+				closeAll()
+				return runs, fmt.Errorf("%s %s worker: %w", w.strategy, w.impl, err)
+			}
+			fleets[w] = f
+		}
+		for _, w := range workers { // dial the pools, load the scripts
+			if _, err := runOne(ctx, env, meter, fleets[w], w.impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
+				closeAll()
+				return runs, err
+			}
+		}
+		for round := range cfg.rounds {
+			order := slices.Clone(workers)
+			if round%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, sc := range []string{Unique, Replay} {
+				for _, w := range order {
+					r, err := runOne(ctx, env, meter, fleets[w], w.impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
+					if err != nil {
+						closeAll()
+						return runs, err
+					}
+					r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = w.strategy, sc, w.impl, conc, round+1
+					runs = append(runs, r)
+					fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %7d\n",
+						w.strategy, sc, conc, round+1, w.impl, r.OpsPerSec(), r.FlushesPerExecution(),
+						r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.Errors)
+				}
+			}
+		}
+		closeAll()
 	}
 	return runs, nil
 }
@@ -286,16 +313,10 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 	return walSyncs(ctx, env)
 }
 
-// implementations are what a run compares: the minimal SQL, this build's
-// guard (durable answers, group commit), the same without group commit and
-// with asynchronous answers, and the baseline's guard when there is one.
-func implementations(cfg config) []string {
-	impls := []string{Minimal, Guard, GuardUnshared, GuardAsync}
-	if cfg.baseline != "" {
-		impls = append(impls, Before)
-	}
-	return impls
-}
+// allImpls are what a run may compare: the minimal SQL, this build's guard
+// (durable answers, group commit), the same without group commit and with
+// asynchronous answers; a baseline adds Before.
+var allImpls = []string{Minimal, Guard, GuardUnshared, GuardAsync}
 
 func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
 	var n int64
@@ -422,6 +443,11 @@ func ratios(runs []Run, strategy, scenario string, conc int, a, b string, metric
 		}
 		byRound[r.Round] = p
 	}
+	return summarize(byRound)
+}
+
+// summarize is the median, lowest and highest of the rounds' a ÷ b.
+func summarize(byRound map[int][2]float64) (ratio, bool) {
 	var xs []float64
 	for _, p := range byRound {
 		if p[0] > 0 && p[1] > 0 {
@@ -432,6 +458,36 @@ func ratios(runs []Run, strategy, scenario string, conc int, a, b string, metric
 		return ratio{}, false
 	}
 	return ratio{median(xs), slices.Min(xs), slices.Max(xs)}, true
+}
+
+// strategyRatios is ratios across strategies: hybrid ÷ table for impl.
+func strategyRatios(runs []Run, scenario string, conc int, impl string) (ratio, bool) {
+	byRound := map[int][2]float64{}
+	for _, r := range runs {
+		if r.Impl != impl || r.Scenario != scenario || r.Callers != conc {
+			continue
+		}
+		p := byRound[r.Round]
+		switch r.Strategy {
+		case "hybrid":
+			p[0] = r.OpsPerSec()
+		case "table":
+			p[1] = r.OpsPerSec()
+		}
+		byRound[r.Round] = p
+	}
+	return summarize(byRound)
+}
+
+// present keeps the pairs whose two implementations both run.
+func present(impls []string, pairs ...[2]string) [][2]string {
+	var out [][2]string
+	for _, p := range pairs {
+		if slices.Contains(impls, p[0]) && slices.Contains(impls, p[1]) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func medianOf(runs []Run, strategy, scenario, impl string, conc int, metric func(Run) float64) float64 {
@@ -465,11 +521,9 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
 		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.replayKeys)
-	impls := implementations(cfg)
-	pairs := [][2]string{{Guard, Minimal}, {Guard, GuardUnshared}, {Guard, GuardAsync}}
-	if cfg.baseline != "" {
-		pairs = append(pairs, [2]string{Guard, Before}, [2]string{Before, Minimal})
-	}
+	impls := cfg.impls
+	pairs := present(impls, [2]string{Guard, Minimal}, [2]string{Guard, GuardUnshared}, [2]string{Guard, GuardAsync},
+		[2]string{Guard, Before}, [2]string{Before, Minimal})
 	fmt.Fprintf(w, "| strategy | scenario | callers |")
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s ops/s |", impl)
@@ -500,10 +554,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	for _, impl := range impls {
 		fmt.Fprintf(w, " %s |", impl)
 	}
-	flushPairs := [][2]string{{Guard, GuardUnshared}, {Guard, GuardAsync}}
-	if cfg.baseline != "" {
-		flushPairs = append(flushPairs, [2]string{Guard, Before})
-	}
+	flushPairs := present(impls, [2]string{Guard, GuardUnshared}, [2]string{Guard, GuardAsync}, [2]string{Guard, Before})
 	for _, p := range flushPairs {
 		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
 	}
@@ -537,6 +588,26 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 					medianOf(runs, st, Unique, impl, conc, Run.WorkerMicrosPerRequest))
 			}
 			fmt.Fprintln(w)
+		}
+	}
+	if slices.Contains(cfg.strategies, "table") && slices.Contains(cfg.strategies, "hybrid") {
+		fmt.Fprintf(w, "\nhybrid ÷ table, ops/s (each round's two runs paired; median, lowest–highest):\n\n| scenario | callers |")
+		for _, impl := range impls {
+			fmt.Fprintf(w, " %s |", impl)
+		}
+		fmt.Fprintf(w, "\n|---|---:|%s\n", strings.Repeat("---|", len(impls)))
+		for _, sc := range []string{Unique, Replay} {
+			for _, conc := range cfg.callers {
+				fmt.Fprintf(w, "| %s | %d |", sc, conc)
+				for _, impl := range impls {
+					if x, ok := strategyRatios(runs, sc, conc, impl); ok {
+						fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
+					} else {
+						fmt.Fprintf(w, " - |")
+					}
+				}
+				fmt.Fprintln(w)
+			}
 		}
 	}
 	var errs int64
