@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/idemguard/idem v0.0.0-20261205145812-41c1000d5fc4
+	github.com/idemguard/idem v0.0.0-20261205161136-2f439f76d842
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
