@@ -429,25 +429,41 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 type ratio struct{ median, low, high float64 }
 
 func ratios(runs []Run, strategy, scenario string, conc int, a, b string, metric func(Run) float64) (ratio, bool) {
+	run := func(impl string) func(Run) bool {
+		return func(r Run) bool {
+			return r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl
+		}
+	}
+	return pairRounds(runs, run(a), run(b), metric)
+}
+
+// strategyRatios is ratios across strategies: hybrid ÷ table for impl.
+func strategyRatios(runs []Run, scenario string, conc int, impl string) (ratio, bool) {
+	run := func(strategy string) func(Run) bool {
+		return func(r Run) bool {
+			return r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl
+		}
+	}
+	return pairRounds(runs, run("hybrid"), run("table"), Run.OpsPerSec)
+}
+
+// pairRounds pairs, round by round, the run a matches with the one b
+// matches, and returns the median, lowest and highest of their metrics'
+// ratio a ÷ b.
+func pairRounds(runs []Run, a, b func(Run) bool, metric func(Run) float64) (ratio, bool) {
 	byRound := map[int][2]float64{}
 	for _, r := range runs {
-		if r.Strategy != strategy || r.Scenario != scenario || r.Callers != conc {
-			continue
-		}
 		p := byRound[r.Round]
-		switch r.Impl {
-		case a:
+		switch {
+		case a(r):
 			p[0] = metric(r)
-		case b:
+		case b(r):
 			p[1] = metric(r)
+		default:
+			continue
 		}
 		byRound[r.Round] = p
 	}
-	return summarize(byRound)
-}
-
-// summarize is the median, lowest and highest of the rounds' a ÷ b.
-func summarize(byRound map[int][2]float64) (ratio, bool) {
 	var xs []float64
 	for _, p := range byRound {
 		if p[0] > 0 && p[1] > 0 {
@@ -458,25 +474,6 @@ func summarize(byRound map[int][2]float64) (ratio, bool) {
 		return ratio{}, false
 	}
 	return ratio{median(xs), slices.Min(xs), slices.Max(xs)}, true
-}
-
-// strategyRatios is ratios across strategies: hybrid ÷ table for impl.
-func strategyRatios(runs []Run, scenario string, conc int, impl string) (ratio, bool) {
-	byRound := map[int][2]float64{}
-	for _, r := range runs {
-		if r.Impl != impl || r.Scenario != scenario || r.Callers != conc {
-			continue
-		}
-		p := byRound[r.Round]
-		switch r.Strategy {
-		case "hybrid":
-			p[0] = r.OpsPerSec()
-		case "table":
-			p[1] = r.OpsPerSec()
-		}
-		byRound[r.Round] = p
-	}
-	return summarize(byRound)
 }
 
 // present keeps the pairs whose two implementations both run.
