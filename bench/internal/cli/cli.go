@@ -1,10 +1,11 @@
-// Package cli holds what the bench's commands share to read their flags and
-// to print how they were invoked.
+// Package cli holds what the bench's commands share: their flags, how they
+// were invoked, and the median they report.
 package cli
 
 import (
 	"flag"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -46,4 +47,13 @@ func CommandLine(cmd string, fs *flag.FlagSet) string {
 		parts = append(parts, "-"+f.Name+" "+f.Value.String())
 	})
 	return strings.Join(parts, " ")
+}
+
+// Median is the median of xs, 0 for none.
+func Median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s) == 0 {
+		return 0
+	}
+	return (s[(len(s)-1)/2] + s[len(s)/2]) / 2 // one value twice when len is odd
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemguard/idem/bench/internal/cli"
 	"github.com/idemguard/idem/bench/internal/target"
 )
 
@@ -78,7 +79,7 @@ func (r *Result) Points() []Point {
 				if p.Rounds == 0 {
 					continue
 				}
-				p.Throughput = median(tps)
+				p.Throughput = cli.Median(tps)
 				slices.Sort(p99s)
 				p.P99 = p99s[len(p99s)/2]
 				if req > 0 {
@@ -127,7 +128,7 @@ func (r *Result) Ratios() []Ratio {
 			if len(tp) == 0 {
 				continue
 			}
-			out = append(out, Ratio{Distance: d, Share: s, Median: median(tp), Low: slices.Min(tp), High: slices.Max(tp), P99: median(p99)})
+			out = append(out, Ratio{Distance: d, Share: s, Median: cli.Median(tp), Low: slices.Min(tp), High: slices.Max(tp), P99: cli.Median(p99)})
 		}
 	}
 	return out
@@ -172,7 +173,7 @@ func (r *Result) FirstP50s() []FirstP50 {
 		if len(ratio) == 0 {
 			continue
 		}
-		out = append(out, FirstP50{Distance: d, Table: time.Duration(median(table)), Hybrid: time.Duration(median(hybrid)), Ratio: median(ratio)})
+		out = append(out, FirstP50{Distance: d, Table: time.Duration(cli.Median(table)), Hybrid: time.Duration(cli.Median(hybrid)), Ratio: cli.Median(ratio)})
 	}
 	return out
 }
@@ -213,7 +214,7 @@ func (r *Result) Stalled() (busy float64, stalled []Cell) {
 	if len(cores) == 0 {
 		return 0, nil
 	}
-	busy = median(cores)
+	busy = cli.Median(cores)
 	for _, c := range r.Cells {
 		if c.MachineCores > 0 && !c.Lone && c.MachineCores < stalledShare*busy {
 			stalled = append(stalled, c)
@@ -278,17 +279,6 @@ func best(rs []Ratio) float64 {
 	return b
 }
 
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // quantile returns the value at quantile q (0.99 for p99) of sorted: the
 // smallest value that at least q of the values do not exceed; 0 for none.
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -312,23 +302,14 @@ func (r *Result) Summary(w io.Writer) {
 	if r.Interrupted {
 		fmt.Fprintln(w, "INTERRUPTED: summary of the runs that ended")
 	}
-	fmt.Fprintf(w, "hybrid ÷ table, saturated throughput (median of %d rounds, min-max), and p99 ratio:\n", r.Config.Rounds)
-	fmt.Fprintf(w, "%-10s", "retries")
-	for _, d := range r.Config.Distances {
-		fmt.Fprintf(w, " %24s", distLabel(d))
-	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "hybrid ÷ table, saturated throughput by retry share (median of %d rounds):\n", r.Config.Rounds)
 	ratios := r.Ratios()
-	for _, s := range r.Config.Shares {
-		fmt.Fprintf(w, "%-10s", fmt.Sprintf("%.0f%%", 100*s))
-		for _, d := range r.Config.Distances {
-			cell := "-"
-			for _, x := range ratios {
-				if x.Distance == d && x.Share == s {
-					cell = fmt.Sprintf("%.2f (%.2f-%.2f) p99 %.2f", x.Median, x.Low, x.High, x.P99)
-				}
+	for _, d := range r.Config.Distances {
+		fmt.Fprintf(w, "%-10s", distLabel(d))
+		for _, x := range ratios {
+			if x.Distance == d {
+				fmt.Fprintf(w, " %.0f%% %.2f", 100*x.Share, x.Median)
 			}
-			fmt.Fprintf(w, " %24s", cell)
 		}
 		fmt.Fprintln(w)
 	}

@@ -88,13 +88,13 @@ func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
 	if runtime.GOOS != "linux" {
 		return r
 	}
-	self, err := procCPU(os.Getpid())
+	self, err := ProcessCPU(os.Getpid())
 	if err != nil {
 		return r
 	}
 	r.self = self
 	for _, pid := range f.PIDs() {
-		if s, err := procCPU(pid); err == nil {
+		if s, err := ProcessCPU(pid); err == nil {
 			r.workers[pid] = s
 		}
 	}
@@ -104,7 +104,7 @@ func (m *Meter) Read(ctx context.Context, f *Fleet) Reading {
 		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 		if err == nil {
 			for _, pid := range pids {
-				if s, err := procCPU(int(pid)); err == nil {
+				if s, err := ProcessCPU(int(pid)); err == nil {
 					r.postgres[int(pid)] = s
 				}
 			}
@@ -147,13 +147,9 @@ func sumDelta(before, after map[int]float64) float64 {
 	return s
 }
 
-// ProcessCPU returns the user + system CPU seconds process pid has used
-// (Linux only), for a helper process of the bench such as its delay proxy.
-func ProcessCPU(pid int) (float64, error) { return procCPU(pid) }
-
-// procCPU returns the user + system CPU seconds of process pid, from
-// /proc/<pid>/stat.
-func procCPU(pid int) (float64, error) {
+// ProcessCPU returns the user + system CPU seconds process pid has used,
+// from /proc/<pid>/stat (Linux only).
+func ProcessCPU(pid int) (float64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err

@@ -22,7 +22,7 @@ func TestProcCPU(t *testing.T) {
 	// Burn some CPU, so that this process has used more than a tick.
 	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
 	}
-	s, err := procCPU(os.Getpid())
+	s, err := ProcessCPU(os.Getpid())
 	require.NoError(t, err)
 	require.Positive(t, s)
 	busy, total, err := machineCPU()

@@ -162,12 +162,6 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.baseline != "" {
 		cfg.impls = append(cfg.impls, Before)
 	}
-	for _, st := range cfg.strategies {
-		if st != "table" && st != "hybrid" {
-			fmt.Fprintf(stderr, "http: -strategies: %q is neither table nor hybrid\n", st)
-			return 2
-		}
-	}
 	for _, s := range cli.Split(*callers) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -177,8 +171,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.callers = append(cfg.callers, n)
 	}
 	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 ||
-		len(cfg.impls) == 0 || len(cfg.strategies) == 0 {
-		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls and -strategies")
+		len(cfg.impls) == 0 || len(cfg.strategies) == 0 || slices.ContainsFunc(cfg.strategies, func(s string) bool { return s != "table" && s != "hybrid" }) {
+		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls, and -strategies of table and hybrid")
 		return 2
 	}
 	started := time.Now()
@@ -429,22 +423,18 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 type ratio struct{ median, low, high float64 }
 
 func ratios(runs []Run, strategy, scenario string, conc int, a, b string, metric func(Run) float64) (ratio, bool) {
-	run := func(impl string) func(Run) bool {
-		return func(r Run) bool {
-			return r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl
-		}
-	}
-	return pairRounds(runs, run(a), run(b), metric)
+	return pairRounds(runs, match(strategy, scenario, conc, a), match(strategy, scenario, conc, b), metric)
 }
 
 // strategyRatios is ratios across strategies: hybrid ÷ table for impl.
 func strategyRatios(runs []Run, scenario string, conc int, impl string) (ratio, bool) {
-	run := func(strategy string) func(Run) bool {
-		return func(r Run) bool {
-			return r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl
-		}
+	return pairRounds(runs, match("hybrid", scenario, conc, impl), match("table", scenario, conc, impl), Run.OpsPerSec)
+}
+
+func match(strategy, scenario string, conc int, impl string) func(Run) bool {
+	return func(r Run) bool {
+		return r.Strategy == strategy && r.Scenario == scenario && r.Callers == conc && r.Impl == impl
 	}
-	return pairRounds(runs, run("hybrid"), run("table"), Run.OpsPerSec)
 }
 
 // pairRounds pairs, round by round, the run a matches with the one b
@@ -473,7 +463,7 @@ func pairRounds(runs []Run, a, b func(Run) bool, metric func(Run) float64) (rati
 	if len(xs) == 0 {
 		return ratio{}, false
 	}
-	return ratio{median(xs), slices.Min(xs), slices.Max(xs)}, true
+	return ratio{cli.Median(xs), slices.Min(xs), slices.Max(xs)}, true
 }
 
 // present keeps the pairs whose two implementations both run.
@@ -494,18 +484,7 @@ func medianOf(runs []Run, strategy, scenario, impl string, conc int, metric func
 			xs = append(xs, metric(r))
 		}
 	}
-	return median(xs)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return cli.Median(xs)
 }
 
 func markdown(w io.Writer, cfg config, runs []Run, command string, started time.Time, interrupted bool) {
@@ -519,16 +498,28 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
 		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.replayKeys)
 	impls := cfg.impls
+	// header writes a table's header: the first columns, then one per
+	// implementation (suffixed) and per pair of them.
+	header := func(first, align, suffix string, pairs [][2]string) {
+		fmt.Fprintf(w, "| %s |", first)
+		for _, impl := range impls {
+			fmt.Fprintf(w, " %s%s |", impl, suffix)
+		}
+		for _, p := range pairs {
+			fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
+		}
+		fmt.Fprintf(w, "\n|%s%s%s\n", align, strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(pairs)))
+	}
+	cell := func(x ratio, ok bool) {
+		if ok {
+			fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
+		} else {
+			fmt.Fprintf(w, " - |")
+		}
+	}
 	pairs := present(impls, [2]string{Guard, Minimal}, [2]string{Guard, GuardUnshared}, [2]string{Guard, GuardAsync},
 		[2]string{Guard, Before}, [2]string{Before, Minimal})
-	fmt.Fprintf(w, "| strategy | scenario | callers |")
-	for _, impl := range impls {
-		fmt.Fprintf(w, " %s ops/s |", impl)
-	}
-	for _, p := range pairs {
-		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
-	}
-	fmt.Fprintf(w, "\n|---|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(pairs)))
+	header("strategy | scenario | callers", "---|---|---:|", " ops/s", pairs)
 	for _, st := range cfg.strategies {
 		for _, sc := range []string{Unique, Replay} {
 			for _, conc := range cfg.callers {
@@ -537,25 +528,15 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 					fmt.Fprintf(w, " %.0f |", medianOf(runs, st, sc, impl, conc, Run.OpsPerSec))
 				}
 				for _, p := range pairs {
-					if x, ok := ratios(runs, st, sc, conc, p[0], p[1], Run.OpsPerSec); ok {
-						fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
-					} else {
-						fmt.Fprintf(w, " - |")
-					}
+					cell(ratios(runs, st, sc, conc, p[0], p[1], Run.OpsPerSec))
 				}
 				fmt.Fprintln(w)
 			}
 		}
 	}
-	fmt.Fprintf(w, "\nDisk flushes per first execution (median of the rounds; ratio: median of the rounds' ratios):\n\n| strategy | callers |")
-	for _, impl := range impls {
-		fmt.Fprintf(w, " %s |", impl)
-	}
+	fmt.Fprintf(w, "\nDisk flushes per first execution (median of the rounds; ratio: median of the rounds' ratios):\n\n")
 	flushPairs := present(impls, [2]string{Guard, GuardUnshared}, [2]string{Guard, GuardAsync}, [2]string{Guard, Before})
-	for _, p := range flushPairs {
-		fmt.Fprintf(w, " %s ÷ %s |", p[0], p[1])
-	}
-	fmt.Fprintf(w, "\n|---|---:|%s%s\n", strings.Repeat("---:|", len(impls)), strings.Repeat("---|", len(flushPairs)))
+	header("strategy | callers", "---|---:|", "", flushPairs)
 	for _, st := range cfg.strategies {
 		for _, conc := range cfg.callers {
 			fmt.Fprintf(w, "| %s | %d |", st, conc)
@@ -563,20 +544,13 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 				fmt.Fprintf(w, " %.3f |", medianOf(runs, st, Unique, impl, conc, Run.FlushesPerExecution))
 			}
 			for _, p := range flushPairs {
-				if x, ok := ratios(runs, st, Unique, conc, p[0], p[1], Run.FlushesPerExecution); ok {
-					fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
-				} else {
-					fmt.Fprintf(w, " - |")
-				}
+				cell(ratios(runs, st, Unique, conc, p[0], p[1], Run.FlushesPerExecution))
 			}
 			fmt.Fprintln(w)
 		}
 	}
-	fmt.Fprintf(w, "\nCPU per first execution, µs, PostgreSQL / worker process (median of the rounds):\n\n| strategy | callers |")
-	for _, impl := range impls {
-		fmt.Fprintf(w, " %s |", impl)
-	}
-	fmt.Fprintf(w, "\n|---|---:|%s\n", strings.Repeat("---:|", len(impls)))
+	fmt.Fprintf(w, "\nCPU per first execution, µs, PostgreSQL / worker process (median of the rounds):\n\n")
+	header("strategy | callers", "---|---:|", "", nil)
 	for _, st := range cfg.strategies {
 		for _, conc := range cfg.callers {
 			fmt.Fprintf(w, "| %s | %d |", st, conc)
@@ -588,20 +562,13 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		}
 	}
 	if slices.Contains(cfg.strategies, "table") && slices.Contains(cfg.strategies, "hybrid") {
-		fmt.Fprintf(w, "\nhybrid ÷ table, ops/s (each round's two runs paired; median, lowest–highest):\n\n| scenario | callers |")
-		for _, impl := range impls {
-			fmt.Fprintf(w, " %s |", impl)
-		}
-		fmt.Fprintf(w, "\n|---|---:|%s\n", strings.Repeat("---|", len(impls)))
+		fmt.Fprintf(w, "\nhybrid ÷ table, ops/s (each round's two runs paired; median, lowest–highest):\n\n")
+		header("scenario | callers", "---|---:|", "", nil)
 		for _, sc := range []string{Unique, Replay} {
 			for _, conc := range cfg.callers {
 				fmt.Fprintf(w, "| %s | %d |", sc, conc)
 				for _, impl := range impls {
-					if x, ok := strategyRatios(runs, sc, conc, impl); ok {
-						fmt.Fprintf(w, " %.2f (%.2f–%.2f) |", x.median, x.low, x.high)
-					} else {
-						fmt.Fprintf(w, " - |")
-					}
+					cell(strategyRatios(runs, sc, conc, impl))
 				}
 				fmt.Fprintln(w)
 			}
