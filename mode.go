@@ -27,9 +27,9 @@ import "sync/atomic"
 // as soon as a window claiming first has seen leaveClaimFirst duplicates,
 // without waiting for the window's end: about leaveClaimFirst requests of a
 // storm (and those already on their way) reach PostgreSQL before the lease
-// answers the rest. The counts
-// are approximate under concurrency (a window may lose a few requests at
-// its end), which only moves a switch by a few requests.
+// answers the rest. The counts are approximate under concurrency (a window
+// may lose a few requests at its end), which only moves a switch by a few
+// requests.
 type leaseMode struct {
 	claimFirst atomic.Bool
 	seen, dups atomic.Int64 // in the current window
@@ -38,7 +38,7 @@ type leaseMode struct {
 	window, enter, leave int64
 }
 
-// The lease modes' thresholds, chosen by measurement (docs/capacity.md).
+// The lease modes' window and thresholds (docs/capacity.md says why).
 const (
 	leaseWindow     = 512
 	enterClaimFirst = leaseWindow / 50 // 2%
