@@ -45,6 +45,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemguard/idem/internal/rare"
 )
 
 // Locker is the lease service of the hybrid strategy. *lock.Locker (package
@@ -197,7 +199,7 @@ type Guard struct {
 	redis        redisBreaker // hybrid: a recent failure of the lease service
 	repeats      repeatLog    // which store failures are logged
 	stopped      atomic.Bool  // hybrid: Shutdown has begun, the lease is left alone
-	mode         leaseMode    // hybrid: lease first or claim first
+	mode         *rare.Window // hybrid: claim first while duplicates are rare (mode.go)
 }
 
 // New returns a Guard over store. A nil cfg gives the table strategy with every
@@ -244,7 +246,7 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		waiter:       c.Waiter,
 		wait:         c.Wait,
 		maxWaiters:   maxWaiters,
-		mode:         leaseMode{window: leaseWindow, enter: enterClaimFirst, leave: leaveClaimFirst},
+		mode:         rare.New(rare.Size, rare.Enter, rare.Leave),
 	}
 	hold := g.MaxHold()
 	if g.retention <= hold {

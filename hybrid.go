@@ -12,20 +12,20 @@ import (
 )
 
 // doHybrid answers a request of the hybrid strategy: the lease first, or,
-// while duplicates are rare, the claim first (see leaseMode).
+// while duplicates are rare, the claim first (mode.go).
 func (g *Guard) doHybrid(ctx context.Context, req Request, work Work) (Response, Outcome, error) {
 	var resp Response
 	var out Outcome
 	var err error
-	if g.mode.first() && !g.leaseOff() {
+	if g.mode.Rare() && !g.leaseOff() {
 		g.tel.add(ctx, evClaimFirst)
 		resp, out, err = g.claimAndRun(ctx, req, work, nil)
 	} else {
 		resp, out, err = g.leaseFirst(ctx, req, work)
 	}
 	dup := out == OutcomeReplayed || out == OutcomeInProgress || out == OutcomeKeyReused
-	if out != OutcomeNone && g.mode.observe(dup) {
-		g.log.LogAttrs(ctx, slog.LevelDebug, "idem: the hybrid switched lease modes", slog.Bool("claim_first", g.mode.first()))
+	if out != OutcomeNone && g.mode.Observe(dup) {
+		g.log.LogAttrs(ctx, slog.LevelDebug, "idem: the hybrid switched lease modes", slog.Bool("claim_first", g.mode.Rare()))
 	}
 	return resp, out, err
 }

@@ -1,9 +1,7 @@
 package idem
 
-import "sync/atomic"
-
-// leaseMode chooses, from the share of duplicates the hybrid has seen
-// lately, how a request uses the lease.
+// The hybrid's lease modes: from the share of duplicates it has seen lately
+// (g.mode, a rare.Window), the hybrid chooses how a request uses the lease.
 //
 // The lease pays on duplicates (retries, reused keys, replays), which it
 // answers without PostgreSQL; on a first execution it is a Redis round trip
@@ -22,51 +20,6 @@ import "sync/atomic"
 //
 // A duplicate is a request answered with a replay, 409 or 422 (whoever
 // answered it); a first execution is one that ran. A Guard starts leasing
-// first. It claims first from the end of a window of leaseWindow such
-// requests with at most enterClaimFirst duplicates, and leases first again
-// as soon as a window claiming first has seen leaveClaimFirst duplicates,
-// without waiting for the window's end: about leaveClaimFirst requests of a
-// storm (and those already on their way) reach PostgreSQL before the lease
-// answers the rest. The counts are approximate under concurrency (a window
-// may lose a few requests at its end), which only moves a switch by a few
-// requests.
-type leaseMode struct {
-	claimFirst atomic.Bool
-	seen, dups atomic.Int64 // in the current window
-
-	// The tests change these (export_test.go).
-	window, enter, leave int64
-}
-
-// The lease modes' window and thresholds (docs/capacity.md says why).
-const (
-	leaseWindow     = 512
-	enterClaimFirst = leaseWindow / 50 // 2%
-	leaveClaimFirst = leaseWindow / 20 // 5%
-)
-
-// first reports whether requests claim first.
-func (m *leaseMode) first() bool { return m.claimFirst.Load() }
-
-// observe counts a request answered in the hybrid, dup telling whether its
-// key had been seen before, and switches the mode when the window says so.
-// It reports whether this request switched it.
-func (m *leaseMode) observe(dup bool) bool {
-	d := m.dups.Load()
-	if dup {
-		d = m.dups.Add(1)
-	}
-	n := m.seen.Add(1)
-	switched := false
-	switch first := m.claimFirst.Load(); {
-	case first && d >= m.leave:
-		switched = m.claimFirst.CompareAndSwap(true, false)
-	case n >= m.window:
-		switched = !first && d <= m.enter && m.claimFirst.CompareAndSwap(false, true)
-	default:
-		return false
-	}
-	m.seen.Store(0)
-	m.dups.Store(0)
-	return switched
-}
+// first, claims first from the end of a window of rare.Size such requests
+// with at most rare.Enter duplicates, and leases first again at the
+// rare.Leave-th duplicate of a window claiming first.
