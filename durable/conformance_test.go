@@ -17,12 +17,15 @@ import (
 
 // TestConformance runs the idem.Store conformance suite against the
 // PostgreSQL store, with the default retention and with a short one.
-// It runs on the hash-partitioned layout too.
+// It runs on the hash-partitioned layout too, and with the Store inserting
+// first, as it does while its claims rarely find a row (a new Store reads
+// first).
 func TestConformance(t *testing.T) {
 	for _, c := range []struct {
-		retention  time.Duration
-		partitions int
-	}{{0, 0}, {time.Hour, 0}, {0, 8}} {
+		retention   time.Duration
+		partitions  int
+		insertFirst bool
+	}{{0, 0, false}, {time.Hour, 0, false}, {0, 8, false}, {0, 0, true}, {0, 8, true}} {
 		name := "retention=default"
 		if c.retention != 0 {
 			name = "retention=" + c.retention.String()
@@ -30,18 +33,22 @@ func TestConformance(t *testing.T) {
 		if c.partitions != 0 {
 			name += "/partitions=" + strconv.Itoa(c.partitions)
 		}
+		if c.insertFirst {
+			name += "/insert-first"
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			idemtest.RunStoreSuite(t, pgHarness(c.retention, c.partitions))
+			idemtest.RunStoreSuite(t, pgHarness(c.retention, c.partitions, c.insertFirst))
 		})
 	}
 }
 
-func pgHarness(retention time.Duration, partitions int) idemtest.Harness {
+func pgHarness(retention time.Duration, partitions int, insertFirst bool) idemtest.Harness {
 	var pools sync.Map // *durable.Store -> *pgxpool.Pool
 	h := idemtest.Harness{
 		New: func(t *testing.T) idem.Store {
 			store, pool := testdb.Store(t, &durable.Config{Retention: retention, Partitions: partitions})
+			durable.PinInsertFirst(store, insertFirst)
 			pools.Store(store, pool)
 			return store
 		},

@@ -8,6 +8,13 @@ var (
 	Translate         = translate
 )
 
+// PinInsertFirst has s insert first (on) or read first for good, whatever
+// its claims find.
+func PinInsertFirst(s *Store, on bool) { s.newKeys.Pin(on) }
+
+// InsertsFirst reports whether s inserts first now.
+func InsertsFirst(s *Store) bool { return s.newKeys.Rare() }
+
 // SchemaClock moves the clock on which s counts when to read its table's
 // schema version again.
 func SchemaClock(s *Store, now func() time.Time) { s.schema.now = now }

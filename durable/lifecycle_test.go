@@ -2,6 +2,7 @@ package durable_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -96,26 +97,32 @@ func TestClaimRecordsTheHold(t *testing.T) {
 
 // TestClaimDoesNotWaitForARowLock: a caller's transaction that completed a
 // key's answer and has not committed holds the row's lock; a claim of the
-// key does not wait for it, and sees the key in progress.
+// key does not wait for it, and sees the key in progress, whether the Store
+// reads or inserts first.
 func TestClaimDoesNotWaitForARowLock(t *testing.T) {
-	b := setup(t, nil)
-	p := params(t, "user-1", "key-1", "a")
-	b.claim(t, p)
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
-	require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
+	for _, insertFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert-first=%v", insertFirst), func(t *testing.T) {
+			b := setup(t, nil)
+			durable.PinInsertFirst(b.store, insertFirst)
+			p := params(t, "user-1", "key-1", "a")
+			b.claim(t, p)
+			tx, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
+			require.NoError(t, b.store.WithDB(tx).Complete(b.ctx, p.Scope, p.Key, p.Owner, idem.Response{Status: 201}))
 
-	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
-	defer cancel()
-	for _, body := range []string{"a", "b"} { // a retry, and a reused key
-		rec, claimed, err := b.store.Claim(ctx, params(t, p.Scope, p.Key, body))
-		require.NoError(t, err, "the claim waited for the transaction")
-		require.False(t, claimed)
-		require.True(t, rec.InProgress())
+			ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
+			defer cancel()
+			for _, body := range []string{"a", "b"} { // a retry, and a reused key
+				rec, claimed, err := b.store.Claim(ctx, params(t, p.Scope, p.Key, body))
+				require.NoError(t, err, "the claim waited for the transaction")
+				require.False(t, claimed)
+				require.True(t, rec.InProgress())
+			}
+			require.NoError(t, tx.Commit(b.ctx))
+			rec, _, err := b.store.Claim(b.ctx, params(t, p.Scope, p.Key, "a"))
+			require.NoError(t, err)
+			require.Equal(t, 201, rec.Answer.Status)
+		})
 	}
-	require.NoError(t, tx.Commit(b.ctx))
-	rec, _, err := b.store.Claim(b.ctx, params(t, p.Scope, p.Key, "a"))
-	require.NoError(t, err)
-	require.Equal(t, 201, rec.Answer.Status)
 }

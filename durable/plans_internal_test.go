@@ -82,7 +82,9 @@ WHERE key NOT LIKE '%00'`)
 		if leaseScan(sc) {
 			return
 		}
-		require.Equal(t, "Index Scan", sc.NodeType, "%s reads the table with %s on %s (%s)", name, sc.NodeType, sc.Index, mode)
+		// An index-only scan is the insert's NOT EXISTS, which needs no
+		// column but the key's.
+		require.Contains(t, []string{"Index Scan", "Index Only Scan"}, sc.NodeType, "%s reads the table with %s on %s (%s)", name, sc.NodeType, sc.Index, mode)
 		require.Equal(t, pkey, sc.Index, "%s uses index %s (%s)", name, sc.Index, mode)
 	})
 }
@@ -174,6 +176,7 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 	answers := []any{scopes, keys, owners, []int16{201, 201}, []string{`{}`, `{}`}, [][]byte{{}, {}}, s.retention}
 	return map[string]keyStatement{
 		"claim":           {s.sql.claim, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
+		"insert":          {s.sql.insert, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
 		"takeover":        {s.sql.takeover, with(inProgress, hash, owner, s.retention, owner, int64(46_500_000))},
 		"get":             {s.sql.get, finished},
 		"inspect":         {s.sql.inspect, finished},
