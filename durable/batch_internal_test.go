@@ -87,11 +87,15 @@ func claimAll(ctx context.Context, s *Store, ps []idem.ClaimParams) (func() []cl
 // its owner's row, a released key of the same request is taken over, and a
 // key twice in the queue goes once per statement, with exactly one winner.
 func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
-	for _, parts := range []int{0, 4} {
-		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) {
+	for _, c := range []struct {
+		parts       int
+		insertFirst bool
+	}{{0, false}, {4, false}, {0, true}, {4, true}} {
+		t.Run(fmt.Sprintf("partitions=%d/insert-first=%v", c.parts, c.insertFirst), func(t *testing.T) {
 			ctx := t.Context()
-			s, pool := planStoreOf(t, &Config{Partitions: parts})
+			s, pool := planStoreOf(t, &Config{Partitions: c.parts})
 			require.NotNil(t, s.claims, "a Store over a pool batches its claims")
+			s.newKeys.Pin(c.insertFirst)
 
 			answered, running, released := claimParams("u1", "answered", "a"), claimParams("u1", "running", "r"), claimParams("u2", "released", "x")
 			expired := claimParams("u3", "expired", "old")
@@ -121,6 +125,12 @@ func TestBatchedClaimsGetTheirOwnRows(t *testing.T) {
 			send(len(ps))
 			got := wait()
 			require.EqualValues(t, 1, statements.Load(), "one statement for the queue; the key it had twice goes after it, alone")
+			for _, r := range got {
+				require.NoError(t, r.err)
+			}
+			var rows int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s.table+` WHERE key LIKE 'new-%'`).Scan(&rows))
+			require.Equal(t, 3, rows, "each new key inserted once")
 
 			for i := range 3 {
 				require.NoError(t, got[i].err)
@@ -328,33 +338,38 @@ func TestBatchedClaimsAndAnswersUnderLoad(t *testing.T) {
 // token, after which the next claim of the same request runs as the next
 // attempt.
 func TestBatchedClaimsLostReplyIsEachCallersAmbiguity(t *testing.T) {
-	ctx := t.Context()
-	s, _ := planStoreOf(t, &Config{})
-	lost := errors.New("connection reset after the commit")
-	many := s.claims.many
-	s.claims.many = func(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
-		if _, err := many(ctx, reqs); err != nil {
-			return nil, err
-		}
-		return nil, lost
-	}
-	send, _ := held(t, s.claims)
-	ps := []idem.ClaimParams{claimParams("u1", "a", "a"), claimParams("u2", "b", "b"), claimParams("u3", "c", "c")}
-	wait, _ := claimAll(ctx, s, ps)
-	send(len(ps))
-	for i, got := range wait() {
-		require.ErrorIs(t, got.err, lost, "%s: the lost reply is the caller's error", ps[i].Key)
-		require.False(t, got.claimed)
-	}
-	s.claims.many = many
-	for _, p := range ps {
-		require.NoError(t, s.Release(ctx, p.Scope, p.Key, p.Owner), "%s: given back by its own owner", p.Key)
-		retry := p
-		retry.Owner = claimParams("", "", "").Owner
-		rec, won, err := s.Claim(ctx, retry)
-		require.NoError(t, err)
-		require.True(t, won, "%s: the retry runs", p.Key)
-		require.Equal(t, 2, rec.Attempt)
+	for _, insertFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert-first=%v", insertFirst), func(t *testing.T) {
+			ctx := t.Context()
+			s, _ := planStoreOf(t, &Config{})
+			s.newKeys.Pin(insertFirst)
+			lost := errors.New("connection reset after the commit")
+			many := s.claims.many
+			s.claims.many = func(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
+				if _, err := many(ctx, reqs); err != nil {
+					return nil, err
+				}
+				return nil, lost
+			}
+			send, _ := held(t, s.claims)
+			ps := []idem.ClaimParams{claimParams("u1", "a", "a"), claimParams("u2", "b", "b"), claimParams("u3", "c", "c")}
+			wait, _ := claimAll(ctx, s, ps)
+			send(len(ps))
+			for i, got := range wait() {
+				require.ErrorIs(t, got.err, lost, "%s: the lost reply is the caller's error", ps[i].Key)
+				require.False(t, got.claimed)
+			}
+			s.claims.many = many
+			for _, p := range ps {
+				require.NoError(t, s.Release(ctx, p.Scope, p.Key, p.Owner), "%s: given back by its own owner", p.Key)
+				retry := p
+				retry.Owner = claimParams("", "", "").Owner
+				rec, won, err := s.Claim(ctx, retry)
+				require.NoError(t, err)
+				require.True(t, won, "%s: the retry runs", p.Key)
+				require.Equal(t, 2, rec.Attempt)
+			}
+		})
 	}
 }
 

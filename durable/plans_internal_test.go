@@ -194,6 +194,8 @@ func keyStatements(s *Store, inProgress, finished []any) map[string]keyStatement
 		// The group commit's statements, over the key and one other.
 		"claim many": {s.sql.claimMany, []any{scopes, keys, [][]byte{hash, hash}, owners, s.retention, owners,
 			[]int64{46_500_000, 46_500_000}}},
+		"insert many": {s.sql.insertMany, []any{scopes, keys, [][]byte{hash, hash}, owners, s.retention, owners,
+			[]int64{46_500_000, 46_500_000}}},
 		"complete many":        {s.sql.completeMany, answers},
 		"complete many async":  {s.sql.completeManyAsync, answers},
 		"complete many+notify": {s.sql.completeManyNotify, append(append([]any{}, answers...), "c", []string{"t", "u"})},

@@ -31,7 +31,7 @@ type statements struct {
 	// The group commit's statements (batch.go): claimMany is claim over
 	// arrays of requests; the completeMany writes are the answer writes
 	// over arrays.
-	claimMany                                  string
+	claimMany, insertMany                      string
 	completeMany, completeManyNotify           string
 	completeManyAsync, completeManyAsyncNotify string
 	// complete and release under a lease ([Store.Lead]) (see fenced): the
@@ -146,6 +146,18 @@ SELECT $1, $2, $3, $4, nullif($6::bytea, $4::bytea), now() + $7::bigint * interv
 WHERE NOT EXISTS (SELECT FROM {t} WHERE user_id = $1 AND key = $2)
 ON CONFLICT (user_id, key) DO NOTHING
 RETURNING created_at, hold_until`),
+
+		// insert over arrays of requests, with claimMany's parameters: it
+		// returns the scope, key, created_at and hold_until of each row it
+		// inserted. Its inserts go in key order, as claimMany's.
+		insertMany: r.Replace(`
+INSERT INTO {t} (user_id, key, request_hash, owner_token, intent_id, hold_until, retention)
+SELECT req.s, req.k, req.h, req.o, nullif(req.i, req.o), now() + req.hold * interval '1 microsecond', {retention5}
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $6::bytea[], $7::bigint[]) AS req(s, k, h, o, i, hold)
+WHERE NOT EXISTS (SELECT FROM {t} WHERE user_id = req.s AND key = req.k)
+ORDER BY req.s, req.k
+ON CONFLICT (user_id, key) DO NOTHING
+RETURNING user_id, key, created_at, hold_until`),
 
 		// claim over arrays of requests, one per key: $1 scopes, $2 keys,
 		// $3 fingerprints, $4 owners, $6 intents, $7 holds, and $5 the

@@ -247,6 +247,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (rec idem.Record,
 		} else {
 			res, err = s.claimOne(ctx, &claimReq{p: p, hold: hold})
 		}
+		if err == nil && res.exists {
+			res, err = s.claimRead(ctx, &claimReq{p: p, hold: hold})
+		}
 		if err == nil && res.none {
 			err = pgx.ErrNoRows
 		}
@@ -300,6 +303,9 @@ type claimRes struct {
 	rec               idem.Record
 	claimed, takeable bool
 	none              bool // claimMany found no row: claimOne's pgx.ErrNoRows
+	// exists: the insert statement inserted nothing, the key has a row
+	// (claimMany inserting first); the claim statement reads it.
+	exists bool
 }
 
 // claimOne runs the claim statement for r alone. Like the statement, it
@@ -313,34 +319,52 @@ type claimRes struct {
 // reads first again. Both statements decide by the same unique constraint,
 // so the outcome is the same either way.
 func (s *Store) claimOne(ctx context.Context, r *claimReq) (claimRes, error) {
-	var res claimRes
-	p := &r.p
 	if s.newKeys.Rare() {
+		var res claimRes
+		p := &r.p
 		err := s.admit.QueryRow(ctx, s.sql.insert,
 			p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], r.hold).
 			Scan(&res.rec.CreatedAt, &res.rec.HoldUntil)
 		if err == nil {
-			res.claimed = true
-			res.rec.Scope, res.rec.Key = p.Scope, p.Key
-			res.rec.Fingerprint, res.rec.Owner, res.rec.Intent = p.Fingerprint, p.Owner, p.Intent
-			res.rec.Attempt = 1
-			// The row was created by this statement, at its now(): it is
-			// in progress, aged 0, and lives its retention once answered.
-			res.rec.TTL = time.Duration(s.retention) * time.Microsecond
+			s.inserted(r, &res)
 			return res, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return res, err
 		}
 	}
+	return s.claimRead(ctx, r)
+}
+
+// claimRead runs the claim statement for r alone.
+func (s *Store) claimRead(ctx context.Context, r *claimReq) (claimRes, error) {
+	var res claimRes
+	p := &r.p
 	var err error
 	res.rec, err = s.scanRecord(s.admit.QueryRow(ctx, s.sql.claim,
 		p.Scope, p.Key, p.Fingerprint[:], p.Owner[:], s.retention, p.Intent[:], r.hold), &res.claimed, &res.takeable)
 	return res, err
 }
 
+// inserted completes res, whose CreatedAt and HoldUntil the insert
+// statement returned, as the record of the row it inserted for r: in
+// progress, the intent's first attempt, aged 0 (created at the statement's
+// now()), living the Store's retention once answered.
+func (s *Store) inserted(r *claimReq, res *claimRes) {
+	p := &r.p
+	res.claimed = true
+	res.rec.Scope, res.rec.Key = p.Scope, p.Key
+	res.rec.Fingerprint, res.rec.Owner, res.rec.Intent = p.Fingerprint, p.Owner, p.Intent
+	res.rec.Attempt = 1
+	res.rec.TTL = time.Duration(s.retention) * time.Microsecond
+}
+
 // claimMany runs the claim statement for reqs as one (claimMany), and gives
 // each request what claimOne would have: its key's row, or pgx.ErrNoRows.
+//
+// While the Store inserts first (see claimOne), it runs the insert statement
+// over reqs instead: a request whose key has a row comes back with exists
+// set, and Claim reads that row with the claim statement, alone.
 func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, error) {
 	n := len(reqs)
 	scopes, keys := make([]string, n), make([]string, n)
@@ -353,7 +377,11 @@ func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, er
 		holds[i] = r.hold
 		at[rowKey(r.p.Scope, r.p.Key)] = i
 	}
-	rows, err := s.admit.Query(ctx, s.sql.claimMany, scopes, keys, hashes, owners, s.retention, intents, holds)
+	args := []any{scopes, keys, hashes, owners, s.retention, intents, holds}
+	if s.newKeys.Rare() {
+		return s.insertMany(ctx, reqs, at, args)
+	}
+	rows, err := s.admit.Query(ctx, s.sql.claimMany, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -376,6 +404,37 @@ func (s *Store) claimMany(ctx context.Context, reqs []*claimReq) ([]claimRes, er
 	}
 	for i := range found {
 		res[i].none = !found[i]
+	}
+	return res, nil
+}
+
+// insertMany runs the insert statement over reqs, with claimMany's
+// arguments and index of each request by its row's key.
+func (s *Store) insertMany(ctx context.Context, reqs []*claimReq, at map[string]int, args []any) ([]claimRes, error) {
+	rows, err := s.admit.Query(ctx, s.sql.insertMany, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	res := make([]claimRes, len(reqs))
+	for i := range res {
+		res[i].exists = true
+	}
+	for rows.Next() {
+		var scope, key string
+		var created, hold time.Time
+		if err := rows.Scan(&scope, &key, &created, &hold); err != nil {
+			return nil, err
+		}
+		i, ok := at[rowKey(scope, key)]
+		if !ok {
+			return nil, fmt.Errorf("inserted the row of a key it was not asked for")
+		}
+		res[i] = claimRes{rec: idem.Record{CreatedAt: created, HoldUntil: hold}}
+		s.inserted(reqs[i], &res[i])
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
 	}
 	return res, nil
 }
