@@ -135,8 +135,8 @@ func TestCrossoverSmoke(t *testing.T) {
 
 // TestHTTPSmoke runs bench http for a few seconds against the servers: each
 // implementation in its worker process answers every request, first
-// executions as executed and replays as replayed, and the report compares
-// them.
+// executions as executed and replays (and retries) as replayed, and the
+// report compares them.
 func TestHTTPSmoke(t *testing.T) {
 	heavy.Gate(t) // worker processes
 	args := servers(t)
@@ -148,22 +148,26 @@ func TestHTTPSmoke(t *testing.T) {
 	requireFiles(t, dir, "report.md", "runs.csv")
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
-	for _, want := range []string{"| hybrid | unique | 2 |", "| hybrid | replay | 2 |", "guard ÷ minimal", "guard ÷ guard-unshared",
+	for _, want := range []string{"| hybrid | unique | 2 |", "| hybrid | replay | 2 |", "| hybrid | retries | 2 |", "guard ÷ minimal", "guard ÷ guard-unshared",
 		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per first execution", "Errors over all runs: 0."} {
 		require.Contains(t, string(md), want)
 	}
 	rows := readCSV(t, filepath.Join(dir, "runs.csv"))
-	require.Len(t, rows, 2*2*4, "2 rounds x 2 scenarios x 4 implementations")
+	require.Len(t, rows, 2*3*4, "2 rounds x 3 scenarios x 4 implementations")
 	impls := map[string]bool{}
 	for _, r := range rows {
 		impls[r["impl"]] = true
 		requests := atoi(t, r["requests"])
 		require.Positive(t, requests, r)
 		require.Zero(t, atoi(t, r["errors"]), r)
-		if r["scenario"] == "unique" {
-			require.Equal(t, requests, atoi(t, r["executed"]), r)
-		} else {
-			require.Zero(t, atoi(t, r["executed"]), r)
+		switch executed := atoi(t, r["executed"]); r["scenario"] {
+		case "unique":
+			require.Equal(t, requests, executed, r)
+		case "retries": // 4 in 5 replayed, from the first answer on
+			require.Positive(t, executed, r)
+			require.Less(t, executed, requests, r)
+		default:
+			require.Zero(t, executed, r)
 		}
 	}
 	require.Len(t, impls, 4)

@@ -29,27 +29,17 @@ type Config struct {
 	// Redis key prefix the workers share.
 	Schema, Prefix string
 	Strategy       string // target.Table or target.Hybrid
-	// Minimal makes the workers serve the minimal SQL
-	// (target.MinimalHandler) instead of the guard's middleware; passed on
-	// only when set, so Binary may be a bench built before the flag existed.
-	Minimal bool
-	// AsyncAnswers makes the guard's store return answer writes before
-	// their flush (durable.Config.AsynchronousAnswers); passed on only when
-	// set.
-	AsyncAnswers bool
-	// Unshared makes the guard's store run every request's statement alone
-	// (no group commit); passed on only when set.
-	Unshared bool
+	// Minimal serves the minimal SQL (target.MinimalHandler), AsyncAnswers
+	// sets durable.Config.AsynchronousAnswers, Unshared runs every statement
+	// alone (no group commit). Each is passed on only when set, so Binary
+	// may be a bench built before the flag existed.
+	Minimal, AsyncAnswers, Unshared bool
 	// PoolSize is each worker's pgx pool size (MaxConns); RedisPoolSize
 	// each worker's go-redis pool size, 0 for go-redis' default.
 	PoolSize, RedisPoolSize int
 	Work                    time.Duration // the handler's simulated latency
-	// MaxInFlight sizes the HTTP client's keep-alive connections per
-	// worker: the most requests in flight.
-	MaxInFlight int
-	// StartTimeout bounds how long a worker may take to listen. Defaults
-	// to 30s.
-	StartTimeout time.Duration
+	MaxInFlight             int           // the HTTP client's keep-alive connections per worker
+	StartTimeout            time.Duration // how long a worker may take to listen (30s)
 }
 
 // Fleet is N running worker processes and the HTTP client that drives them.
@@ -183,9 +173,8 @@ func (f *Fleet) PIDs() []int {
 	return out
 }
 
-// Close stops every worker: it closes their stdin, which makes them shut
-// down, and kills those still running 3 seconds later. It returns once
-// every worker has exited, with the exit errors of those that did not exit
+// Close stops every worker (closing its stdin, killing it 3 s later) and
+// returns, once all have exited, the errors of those that did not exit
 // cleanly.
 func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
@@ -259,9 +248,8 @@ func (f *Fleet) Post(ctx context.Context, i int, key, scope string) (string, err
 }
 
 // FlushStats makes every worker's idle PostgreSQL connections publish their
-// pending statistics (WAL flushes among them) now rather than up to 10 s
-// later, so that server-wide counters read after it include the workers'
-// work. Call it when no request is in flight.
+// statistics (WAL flushes among them) now, not up to 10 s later, so that
+// server-wide counters include their work. Call it with nothing in flight.
 func (f *Fleet) FlushStats(ctx context.Context) error {
 	for _, w := range f.workers {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"/stats", nil)

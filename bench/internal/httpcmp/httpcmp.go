@@ -60,9 +60,14 @@ const maxPool = 32
 
 // Scenarios.
 const (
-	Unique = "unique" // every request a new key: first executions
-	Replay = "replay" // every request a key answered before the run
+	Unique  = "unique"  // every request a new key: first executions
+	Replay  = "replay"  // every request a key answered before the run
+	Retries = "retries" // 4 requests in 5 repeat one of the run's latest recentKeys answered keys
 )
+
+// recentKeys is how many of a retries run's latest answered keys its
+// retries repeat.
+const recentKeys = 128
 
 // Run is one implementation's run in one round.
 type Run struct {
@@ -116,6 +121,7 @@ type config struct {
 	run              time.Duration
 	replayKeys       int
 	impls            []string // what runs, Before last when there is a baseline
+	scenarios        []string
 	baseline         string
 	pgDelay          time.Duration // added to each worker's PostgreSQL round trip
 	progress         io.Writer
@@ -128,7 +134,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench http [flags]\n\n"+
 			"Compares the whole request over HTTP on loopback: the guard's middleware, the minimal SQL behind the\n"+
-			"same HTTP path and, with -baseline, the guard of an earlier build; first executions and replays,\n"+
+			"same HTTP path and, with -baseline, the guard of an earlier build; first executions, replays and retries,\n"+
 			"closed loop, interleaved ABBA rounds; and disk flushes per first execution.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
@@ -136,6 +142,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var (
 		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies")
+		scenarios  = fs.String("scenarios", "unique,replay,retries", "scenarios: unique (first executions), replay, retries (80% repeat recent keys)")
 		implsFlag  = fs.String("impls", strings.Join(allImpls, ","), "implementations (with -baseline, \"before\" too)")
 		rounds     = fs.Int("rounds", 6, "ABBA rounds per caller count and scenario (at least 2)")
 		runFor     = fs.Duration("run", 2*time.Second, "how long each implementation runs per round")
@@ -151,7 +158,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, progress: stdout}
+		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, progress: stdout, scenarios: cli.Split(*scenarios)}
 	for _, impl := range cli.Split(*implsFlag) {
 		if !slices.Contains(allImpls, impl) {
 			fmt.Fprintf(stderr, "http: -impls: %q is none of %s\n", impl, strings.Join(allImpls, ", "))
@@ -171,8 +178,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.callers = append(cfg.callers, n)
 	}
 	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 ||
-		len(cfg.impls) == 0 || len(cfg.strategies) == 0 || slices.ContainsFunc(cfg.strategies, func(s string) bool { return s != "table" && s != "hybrid" }) {
-		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls, and -strategies of table and hybrid")
+		len(cfg.impls) == 0 || len(cfg.strategies) == 0 || slices.ContainsFunc(cfg.strategies, func(s string) bool { return s != "table" && s != "hybrid" }) ||
+		len(cfg.scenarios) == 0 || slices.ContainsFunc(cfg.scenarios, func(s string) bool { return !slices.Contains([]string{Unique, Replay, Retries}, s) }) {
+		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls, -strategies of table and hybrid and -scenarios of unique, replay and retries")
 		return 2
 	}
 	started := time.Now()
@@ -266,7 +274,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			if round%2 == 1 {
 				slices.Reverse(order)
 			}
-			for _, sc := range []string{Unique, Replay} {
+			for _, sc := range cfg.scenarios {
 				for _, w := range order {
 					r, err := runOne(ctx, env, meter, fleets[w], w.impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
 					if err != nil {
@@ -368,9 +376,10 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 		return r, err
 	}
 	var (
-		requests, errs, executed atomic.Int64
-		errOnce                  sync.Once
-		wg                       sync.WaitGroup
+		requests, errs, executed, answered atomic.Int64
+		recent                             [recentKeys]atomic.Int64 // the latest answered keys, a ring
+		errOnce                            sync.Once
+		wg                                 sync.WaitGroup
 	)
 	cpu0 := meter.Read(ctx, f)
 	start := time.Now()
@@ -379,19 +388,19 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(c), uint64(start.UnixNano())))
 			for ctx.Err() == nil && time.Now().Before(deadline) {
-				var k int64
-				if scenario == Replay {
+				k, want := int64(0), idem.OutcomeReplayed.String()
+				switch n := answered.Load(); {
+				case scenario == Replay:
 					k = keys[rng.IntN(len(keys))]
-				} else {
-					k = seq.Add(1)
+				case scenario == Retries && n > 0 && rng.IntN(5) < 4:
+					k = recent[rng.Int64N(min(n, recentKeys))].Load()
+				}
+				if k == 0 {
+					k, want = seq.Add(1), idem.OutcomeExecuted.String()
 				}
 				kk, scope := key(k)
 				out, err := f.Post(ctx, 0, kk, scope)
 				requests.Add(1)
-				want := idem.OutcomeExecuted.String()
-				if scenario == Replay {
-					want = idem.OutcomeReplayed.String()
-				}
 				if err == nil && out != want {
 					err = fmt.Errorf("%s: outcome %s, want %s", impl, out, want)
 				}
@@ -402,6 +411,7 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 				}
 				if out == idem.OutcomeExecuted.String() {
 					executed.Add(1)
+					recent[(answered.Add(1)-1)%recentKeys].Store(k)
 				}
 			}
 		})
@@ -521,7 +531,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		[2]string{Guard, Before}, [2]string{Before, Minimal})
 	header("strategy | scenario | callers", "---|---|---:|", " ops/s", pairs)
 	for _, st := range cfg.strategies {
-		for _, sc := range []string{Unique, Replay} {
+		for _, sc := range cfg.scenarios {
 			for _, conc := range cfg.callers {
 				fmt.Fprintf(w, "| %s | %s | %d |", st, sc, conc)
 				for _, impl := range impls {
@@ -564,7 +574,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 	if slices.Contains(cfg.strategies, "table") && slices.Contains(cfg.strategies, "hybrid") {
 		fmt.Fprintf(w, "\nhybrid ÷ table, ops/s (each round's two runs paired; median, lowest–highest):\n\n")
 		header("scenario | callers", "---|---:|", "", nil)
-		for _, sc := range []string{Unique, Replay} {
+		for _, sc := range cfg.scenarios {
 			for _, conc := range cfg.callers {
 				fmt.Fprintf(w, "| %s | %d |", sc, conc)
 				for _, impl := range impls {

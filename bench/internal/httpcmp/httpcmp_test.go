@@ -12,7 +12,7 @@ import (
 // implementation, and leaves out the ratios of implementations not run.
 func TestReportComparesStrategiesRoundByRound(t *testing.T) {
 	cfg := config{callers: []int{8}, strategies: []string{"table", "hybrid"}, impls: []string{Guard},
-		rounds: 2, run: time.Second, replayKeys: 1}
+		rounds: 2, run: time.Second, replayKeys: 1, scenarios: []string{Unique, Replay}}
 	var runs []Run
 	for i, n := range []int64{1000, 900, 1000, 1200} { // table, hybrid; round 1, round 2
 		for _, sc := range []string{Unique, Replay} {
