@@ -59,10 +59,12 @@
 // writes and waits for nothing: it costs what a SELECT costs; Complete and
 // Release are one guarded UPDATE. The exceptions, each documented on its
 // method, are a Claim that finds an expired or released row (one more
-// statement takes it over) or races with
-// another claimer (one more statement), the failure paths of the guarded
-// writes (one more statement to tell idem.ErrNotFound, idem.ErrNotOwner and
-// idem.ErrCompleted apart).
+// statement takes it over) or races with another claimer (one more
+// statement), the failure paths of the guarded writes (one more statement
+// to tell idem.ErrNotFound, idem.ErrNotOwner and idem.ErrCompleted apart),
+// and, while a Store's claims rarely find their key's row, a Claim that
+// inserts first: a new key's claim is then a plain insert, a cheaper
+// statement, and a key that has a row costs the claim one more.
 //
 // # Durable answers, shared commits
 //
