@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemguard/idem"
 	"github.com/idemguard/idem/durable"
 	"github.com/idemguard/idem/internal/heavy"
+	"github.com/idemguard/idem/internal/rare"
 	"github.com/idemguard/idem/internal/testredis"
 	"github.com/idemguard/idem/lock"
 )
@@ -55,6 +57,7 @@ func (s *giveBackSpy) GiveBack(ctx context.Context, p idem.ClaimParams) error {
 // retry runs the work, once. Before, the give-back ran before the stalled
 // insert was visible, found nothing and stayed silent: the key was left in
 // progress with nothing running behind it (issue 26, item 3: 10 of 55).
+// The last five rounds' stores insert first (warmInsertFirst).
 func TestStalledStandbyClaimsAreGivenBack(t *testing.T) {
 	heavy.Gate(t) // a primary and a synchronous standby
 	f := startFailover(t, true)
@@ -68,6 +71,9 @@ func TestStalledStandbyClaimsAreGivenBack(t *testing.T) {
 		strategy := []string{"table", "hybrid"}[round%2]
 		store, err := durable.New(pool, nil)
 		require.NoError(t, err)
+		if round >= rounds/2 {
+			warmInsertFirst(t, store)
+		}
 		spy := &giveBackSpy{Store: store, failed: make(chan string, perRound)}
 		cfg := &idem.Config{StoreTimeout: 300 * time.Millisecond, WorkTimeout: 10 * time.Second, Logger: quiet}
 		if strategy == "hybrid" {
@@ -118,4 +124,19 @@ func TestStalledStandbyClaimsAreGivenBack(t *testing.T) {
 	}
 	require.Equal(t, rounds*perRound, ambiguous)
 	t.Logf("RELIABILITY stalled synchronous standby: %d ambiguous claims (both strategies), 0 left in progress, every retry ran once", ambiguous)
+}
+
+// warmInsertFirst claims a window of new keys through store, so that it
+// claims by inserting first from then on (durable.Store.Claim).
+func warmInsertFirst(t *testing.T, store *durable.Store) {
+	t.Helper()
+	for range rare.Size {
+		var p idem.ClaimParams
+		p.Scope, p.Key, p.Hold = "warm", newKey(), time.Minute
+		_, err := rand.Read(p.Owner[:])
+		require.NoError(t, err)
+		_, claimed, err := store.Claim(t.Context(), p)
+		require.NoError(t, err)
+		require.True(t, claimed)
+	}
 }
