@@ -308,9 +308,9 @@ type claimRes struct {
 	exists bool
 }
 
-// claimOne runs the claim statement for r alone. Like the statement, it
-// returns pgx.ErrNoRows when another claimer committed the key's row after
-// the statement began.
+// claimOne claims for r alone with the claim statement. Like the statement,
+// it returns pgx.ErrNoRows when another claimer committed the key's row
+// after the statement began.
 //
 // While the Store's claims rarely find their key's row, it runs the insert
 // statement first, and the claim statement only when that inserted nothing:

@@ -61,7 +61,7 @@ func (w *Window) Observe(dup bool) bool {
 }
 
 // Pin makes Rare report rare from now on, whatever the requests: for tests
-// of one path.
+// of one path, before the Window is in use.
 func (w *Window) Pin(rare bool) {
 	w.rare.Store(rare)
 	w.size, w.enter, w.leave = 1<<62, -1, 1<<62
