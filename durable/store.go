@@ -64,8 +64,8 @@ type Store struct {
 	claims  *batcher[claimReq, claimRes]
 	answers *batcher[answerReq, bool]
 	// newKeys counts the claims that found their key's row (shared with
-	// the copies WithDB makes): while they are rare, a lone claim inserts
-	// first (claimOne).
+	// the copies WithDB makes): while they are rare, claims insert first
+	// (claimOne, claimMany).
 	newKeys *rare.Window
 }
 
@@ -216,9 +216,9 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 //
 // Claim is one statement, so one round trip, with three exceptions. While
 // the Store's recent claims have rarely found their key's row (at most 2% of
-// a window of 512, until 5% of one do), a lone Claim first runs a plain
-// insert, which costs PostgreSQL less for a new key, and the claim statement
-// only when the key has a row. When the key's row is takeable, a second
+// a window of 512, until 5% of one do), Claim first runs a plain insert
+// (shared like the claim statement), which costs PostgreSQL less for a new
+// key, and the claim statement only when the key has a row. When the key's row is takeable, a second
 // statement takes it over. When Claim races with another claimer, a row
 // committed by another transaction after the statement began is not visible
 // to it, so Claim then reads the row with [Store.Get]. If the row was
