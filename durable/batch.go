@@ -12,18 +12,22 @@ import (
 
 // Group commit: a Store over a pool shares statements, and so commits and
 // WAL flushes, among the claims (and, apart, the answer writes) that would
-// otherwise wait for a connection of the pool.
+// otherwise queue, at the server or for a connection of the pool.
 //
 // A request goes at once, alone, in its caller's goroutine, with the one-key
-// statement and the caller's context, unless the Store's statements in
-// flight take every connection of its pool and one of them is of the
-// request's kind: a lone caller, and any load the pool serves without
-// queueing, pays exactly what it would without the batcher. A request that would wait for a connection waits in the
-// batcher's queue instead; when one of the kind's statements returns (and
-// its connection with it), the queue (up to maxBatch requests, one per key)
-// goes as one statement, one transaction, one flush, on that connection. So
-// no request waits longer than it would have for a connection, and once the
-// pool is the bottleneck each connection serves many requests per commit.
+// statement and the caller's context, unless a statement of its kind is in
+// flight and either the Store's statements in flight take every connection
+// of its pool or its kind's statements in flight have reached their limit
+// (see limit): the limit falls while their latency shows them queueing at
+// the server, and is out of reach while it does not. So a lone caller, and
+// any load the server serves without queueing, pays exactly what it would
+// without the batcher. A request held back waits in the batcher's queue;
+// when one of the kind's statements returns, the queue (up to maxBatch
+// requests, one per key) goes as one statement, one transaction, one flush,
+// on the connection it gave back. So a request waits at most for one
+// statement of its kind, and only where it would otherwise have queued, and
+// once PostgreSQL is the bottleneck each statement serves many requests per
+// commit.
 //
 // Every request gets its own key's result. A key is never twice in one
 // statement: its second request waits for the next. A request whose
@@ -52,6 +56,7 @@ type batcher[Req, Res any] struct {
 	mu      sync.Mutex
 	running int // statements of the kind in flight
 	queue   []*call[Req, Res]
+	limit   limit // on running, beside the pool's connections
 }
 
 // call is one request waiting for a statement.
@@ -72,12 +77,14 @@ const batchMax = 64
 // do runs r, alone or with the requests waiting beside it.
 func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	b.mu.Lock()
-	if b.running == 0 || !b.exhausted() {
+	if b.running == 0 || (b.limit.allows(b.running) && !b.exhausted()) {
 		b.running++
+		inFlight := b.running
 		b.busy.Add(1)
 		b.mu.Unlock()
+		sent := time.Now()
 		res, err := b.one(ctx, &r)
-		b.finished()
+		b.finished(sent, inFlight, err == nil)
 		return res, err
 	}
 	c := &call[Req, Res]{ctx: ctx, req: r, done: make(chan struct{})}
@@ -112,21 +119,27 @@ func (b *batcher[Req, Res]) do(ctx context.Context, r Req) (Res, error) {
 	return c.res, c.err
 }
 
-// finished counts a statement out and sends the queue, if any, on the
-// connection it gave back.
-func (b *batcher[Req, Res]) finished() {
+// finished counts out a statement sent at sent with inFlight statements of
+// the kind in flight (itself included), tells the limit its latency when it
+// succeeded (ok), and sends the queue, if any, on the connection it gave
+// back, in more than one statement while the limit allows.
+func (b *batcher[Req, Res]) finished(sent time.Time, inFlight int, ok bool) {
+	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if ok {
+		b.limit.observe(now, now.Sub(sent), inFlight)
+	}
 	b.running--
 	b.busy.Add(-1)
-	b.startLocked()
+	for first := true; len(b.queue) > 0 && (first || b.limit.allows(b.running)); first = false {
+		b.startLocked()
+	}
 }
 
-// startLocked starts a statement for the queue, if any. b.mu is held.
+// startLocked starts a statement for the queue, which is not empty. b.mu is
+// held.
 func (b *batcher[Req, Res]) startLocked() {
-	if len(b.queue) == 0 {
-		return
-	}
 	batch := make([]*call[Req, Res], 0, min(len(b.queue), b.maxBatch))
 	seen := make(map[string]struct{}, cap(batch))
 	rest := b.queue[:0]
@@ -143,16 +156,19 @@ func (b *batcher[Req, Res]) startLocked() {
 	b.queue = rest
 	b.running++
 	b.busy.Add(1)
-	go b.send(batch)
+	go b.send(batch, b.running)
 }
 
-// send runs batch, hands every call its result, and counts the statement out.
-func (b *batcher[Req, Res]) send(batch []*call[Req, Res]) {
-	defer b.finished()
+// send runs batch, hands every call its result, and counts the statement out;
+// inFlight is as finished's.
+func (b *batcher[Req, Res]) send(batch []*call[Req, Res], inFlight int) {
+	sent := time.Now()
 	if len(batch) == 1 {
 		c := batch[0]
 		c.res, c.err = b.one(c.ctx, &c.req)
+		ok := c.err == nil
 		close(c.done)
+		b.finished(sent, inFlight, ok)
 		return
 	}
 	ctx, cancel := batchContext(batch)
@@ -162,6 +178,7 @@ func (b *batcher[Req, Res]) send(batch []*call[Req, Res]) {
 		reqs[i] = &c.req
 	}
 	res, err := b.many(ctx, reqs)
+	defer b.finished(sent, inFlight, err == nil)
 	refused := rolledBack(err)
 	for i, c := range batch {
 		switch {

@@ -45,7 +45,7 @@ func held[Req, Res any](t *testing.T, b *batcher[Req, Res]) (sent func(n int), s
 			return len(b.queue)
 		}
 		require.Eventually(t, func() bool { return queued() == n }, 30*time.Second, time.Millisecond, "%d requests queue", n)
-		b.finished()
+		b.finished(time.Time{}, 1, false) // the held statement: no latency to tell
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
 			defer b.mu.Unlock()

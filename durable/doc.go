@@ -71,11 +71,13 @@
 // Both writes of a first execution, the claim and the answer, return once
 // their commit is on disk, so every answer a client reads survives a
 // PostgreSQL crash (Config.AsynchronousAnswers is the unsafe opt-out). Once
-// the Store's statements take every connection of its pool, the flushes are
-// shared rather than waited for one by one: the claims (or answer writes)
-// that would wait for a connection go together as one statement and one
-// commit on the next connection a statement of theirs gives back, each
-// request getting its own key's result. Below that, every request goes at
+// the Store's statements queue, at the server or for a connection of its
+// pool, the flushes are shared rather than waited for one by one: the claims
+// (or answer writes) that would add to the queue wait for a statement of
+// theirs in flight, then go together as one statement and one commit on the
+// connection it gives back, each request getting its own key's result. The
+// Store tells that its statements queue at the server from their latency
+// against the least it has lately seen. Below that, every request goes at
 // once, alone.
 //
 // # Transactions

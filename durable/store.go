@@ -206,11 +206,13 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // it returns the row as it was, in progress.
 //
 // Over a *pgxpool.Pool (or a DB that passes on its Stat), concurrent Claims
-// share statements once the Store's statements in flight take every
-// connection of the pool: a Claim that would wait for a connection while
-// another claim statement is in flight waits for that statement instead, and the Claims waiting then go together as one
-// statement and one commit on the connection it gives back, each with its
-// own key's result (group commit). A Claim whose context ends while it waits
+// share statements once the Store's statements queue: when they take every
+// connection of the pool, or when the claim statements in flight have
+// reached their limit, which falls while their latency shows them waiting at
+// the server and rises while it does not, a Claim waits for a claim
+// statement in flight instead of adding to the queue, and the Claims waiting
+// then go together as one statement and one commit on the connection it
+// gives back, each with its own key's result (group commit). A Claim whose context ends while it waits
 // is never sent. A Store bound to a caller's transaction ([Store.WithDB])
 // never shares.
 //
@@ -469,8 +471,8 @@ func (s *Store) get(ctx context.Context, op, scope, key string) (idem.Record, er
 //
 // Complete returns once the answer is on disk (its commit waited for the WAL
 // flush), unless Config.AsynchronousAnswers says otherwise. Concurrent
-// Completes share statements and commits once the Store's statements take
-// every connection of the pool, as concurrent Claims do.
+// Completes share statements and commits once the Store's statements queue,
+// as concurrent Claims do, each kind under a limit of its own.
 //
 // Complete is idempotent for its owner: when the owner's row already holds
 // the same answer (status, headers and body), as after a Complete whose
