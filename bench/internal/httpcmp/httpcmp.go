@@ -1,7 +1,8 @@
 // Package httpcmp measures the whole request over HTTP: `go run ./bench
 // http` drives the minimal SQL (target.MinimalHandler), the guard's
 // middleware as it runs by default, the same without shared statements
-// (guard-unshared) and with asynchronous answers (guard-async) and, with
+// (guard-unshared) and with asynchronous answers and no shared statements
+// (guard-async, the guard before durable answers) and, with
 // -baseline, the guard of another build of the bench, each in a worker
 // process of its own on loopback, closed loop, with first executions
 // (unique keys) and replays, at each caller count, every strategy's and
@@ -46,8 +47,9 @@ const (
 	Minimal = "minimal" // target.MinimalHandler, this build
 	Guard   = "guard"   // the guard's middleware, this build
 	Before  = "before"  // the guard's middleware, the -baseline build
-	// GuardAsync is this build's guard with durable.Config.AsynchronousAnswers:
-	// the answer write returns before its flush.
+	// GuardAsync is this build's guard as it ran before durable answers and
+	// shared commits: durable.Config.AsynchronousAnswers (the answer write
+	// returns before its flush) and no shared statement.
 	GuardAsync = "guard-async"
 	// GuardUnshared is this build's guard whose store shares no statement
 	// among requests (no group commit), every answer durable.
@@ -250,7 +252,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			case Minimal:
 				fc.Minimal = true
 			case GuardAsync:
-				fc.AsyncAnswers = true
+				fc.AsyncAnswers, fc.Unshared = true, true
 			case GuardUnshared:
 				fc.Unshared = true
 			case Before:
@@ -316,8 +318,9 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 }
 
 // allImpls are what a run may compare: the minimal SQL, this build's guard
-// (durable answers, group commit), the same without group commit and with
-// asynchronous answers; a baseline adds Before.
+// (durable answers, group commit), the same without group commit, and the
+// guard before durable answers (asynchronous, unshared); a baseline adds
+// Before.
 var allImpls = []string{Minimal, Guard, GuardUnshared, GuardAsync}
 
 func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
