@@ -49,8 +49,7 @@ func (g *Guard) claimAndRun(ctx context.Context, req Request, work Work, lease l
 		}
 		return resp, out, err
 	}
-	x := &execution{g: g, req: req, owner: owner, intent: rec.Intent, attempt: rec.Attempt, expires: t0.Add(rec.TTL),
-		leased: lease != nil}
+	x := &execution{g: g, req: req, owner: owner, intent: rec.Intent, attempt: rec.Attempt, expires: t0.Add(rec.TTL)}
 	g.traces.attempt(ctx, rec.Attempt)
 	return x.run(ctx, work)
 }

@@ -29,7 +29,6 @@ type execution struct {
 	attempt   int         // which attempt of the intent: 1, 2, ...
 	expires   time.Time   // when the claimed row expires in the store, on the local monotonic clock
 	claimed   time.Time   // when the work started, right after the claim (local clock): its deadline counts from here
-	leased    bool        // the request holds the key's lease (the hybrid leasing first)
 	retrySafe atomic.Bool // MarkRetrySafe was called
 
 	// joined is the answer Complete wrote through the caller's transaction;
@@ -139,18 +138,14 @@ func (x *execution) finish(ctx context.Context, resp Response, err error) (Respo
 }
 
 // answered counts an answer stored on the claimed row and keeps it where
-// retries look first: the local cache and, in the hybrid, the lease, where
-// it replaces the lease this request holds, or, while the hybrid leases
-// first, answers the retries to come. A request claiming first holds no
-// lease and copies nothing while the hybrid still claims first: its retries
-// are answered by the row (mode.go).
+// retries look first: the local cache and, in the hybrid, the lease.
 func (x *execution) answered(ctx context.Context, a Response) {
 	x.g.tel.add(ctx, evExecuted)
 	if x.g.traces != nil {
 		x.g.traces.executed(ctx, keyHash(x.req))
 	}
 	x.g.remember(x.req, a, x.expires)
-	if x.g.lock != nil && (x.leased || !x.g.mode.Rare()) {
+	if x.g.lock != nil {
 		x.g.copyAnswer(ctx, x.req, x.req.Fingerprint, a, x.expires)
 	}
 }

@@ -145,7 +145,7 @@ func TestTraceStrategies(t *testing.T) {
 		switch strategy {
 		case "hybrid-claim-first":
 			wantStrategy = "hybrid"
-			require.Equal(t, []string{"claim", "store"}, spanEvents(exec), "claiming first, no copy is queued")
+			require.Equal(t, []string{"claim", "store", "lease_queued"}, spanEvents(exec))
 		case "hybrid", "hybrid-miniredis":
 			wantStrategy = "hybrid"
 			require.Subset(t, spanEvents(exec), []string{"lock", "claim", "store", "lease_queued"})

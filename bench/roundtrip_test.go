@@ -28,7 +28,7 @@ func TestRoundTrips(t *testing.T) {
 			// with PTTL, both in one round trip; once the answer is
 			// committed, a copy of it replaces the lease.
 			"first_execution":                {2, 3}, // lease (2), claim, complete, copy
-			"first_execution_claiming_first": {2, 0}, // claim, complete: no copy while claiming first
+			"first_execution_claiming_first": {2, 1}, // claim, complete, copy
 			"replay":                         {0, 2}, // the lease holds the answer's copy
 			"in_progress":                    {0, 2}, // the lease says the key runs under this fingerprint
 			"key_reused":                     {0, 2}, // the copy's fingerprint differs
