@@ -212,9 +212,9 @@ func checkClaim(op string, p *idem.ClaimParams) error {
 // the server and rises while it does not, a Claim waits for a claim
 // statement in flight instead of adding to the queue, and the Claims waiting
 // then go together as one statement and one commit on the connection it
-// gives back, each with its own key's result (group commit). A Claim whose context ends while it waits
-// is never sent. A Store bound to a caller's transaction ([Store.WithDB])
-// never shares.
+// gives back, each with its own key's result (group commit). A Claim whose
+// context ends while it waits is never sent. A Store bound to a caller's
+// transaction ([Store.WithDB]) never shares.
 //
 // Claim is one statement, so one round trip, with three exceptions. While
 // the Store's recent claims have rarely found their key's row (at most 2% of
