@@ -29,7 +29,7 @@ import "time"
 // The zero value allows any number. Its methods are called with the
 // batcher's lock held.
 type limit struct {
-	n      int              // statements allowed in flight; 0: not set yet, any
+	n      int              // statements allowed in flight; 0: any
 	least  [2]time.Duration // the least latency of the current window and the last; 0: none seen
 	window time.Time        // when the current window began
 }
@@ -42,8 +42,6 @@ const (
 	limitIdle = 2
 	// limitWindow is how long a window of the least latency lasts.
 	limitWindow = 10 * time.Second
-	// limitMax stands for no limit: more statements than any pool has.
-	limitMax = 1 << 20
 )
 
 // allows reports whether a statement may go with running already in flight.
@@ -57,10 +55,7 @@ func (l *limit) observe(now time.Time, latency time.Duration, inFlight int) {
 	if latency <= 0 {
 		return
 	}
-	if l.n == 0 {
-		l.n, l.window = limitMax, now
-	}
-	if now.Sub(l.window) >= limitWindow {
+	if now.Sub(l.window) >= limitWindow { // the first window begins with the first statement
 		l.least[1], l.least[0], l.window = l.least[0], 0, now
 	}
 	if l.least[0] == 0 || latency < l.least[0] {
@@ -73,8 +68,12 @@ func (l *limit) observe(now time.Time, latency time.Duration, inFlight int) {
 	queued := float64(inFlight) * (1 - float64(least)/float64(latency))
 	switch {
 	case queued > limitQueued:
-		l.n = max(limitQueued, min(l.n, inFlight)-1)
-	case queued < limitIdle && l.n < limitMax:
+		below := inFlight
+		if l.n != 0 {
+			below = min(l.n, inFlight)
+		}
+		l.n = max(limitQueued, below-1)
+	case queued < limitIdle && l.n != 0:
 		l.n++
 	}
 }

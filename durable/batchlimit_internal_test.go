@@ -55,9 +55,8 @@ func TestLimitFollowsQueueing(t *testing.T) {
 }
 
 // The least latency is the least of the current window and the last: a
-// server that moved further away stops looking queued within two windows,
-// and a failed statement's quick error never counts (the batcher passes
-// only successes).
+// server that moved further away stops looking queued within two windows.
+// A latency of zero is no measurement and is ignored.
 func TestLimitLeastLatencyFollowsTheServer(t *testing.T) {
 	var l limit
 	now := time.Unix(1000, 0)
