@@ -50,7 +50,8 @@ Capacity planner of idem: drives the real Guard against PostgreSQL and Redis.
 Commands:
   crossover   retry share x PostgreSQL distance, both strategies: from which share the Redis lease pays
   http        the whole request over HTTP: the guard against the minimal SQL, durable and
-              asynchronous answers, shared commits on and off, flushes and CPU per first execution
+              asynchronous answers, shared commits on and off, flushes per first execution and CPU
+              per request of each process
 
 Run bench <command> -h for its flags. See bench/README.md.
 `

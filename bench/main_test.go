@@ -149,7 +149,7 @@ func TestHTTPSmoke(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
 	for _, want := range []string{"| hybrid | unique | 2 |", "| hybrid | replay | 2 |", "| hybrid | retries | 2 |", "guard ÷ minimal", "guard ÷ guard-unshared",
-		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per first execution", "Errors over all runs: 0."} {
+		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per request", "Errors over all runs: 0."} {
 		require.Contains(t, string(md), want)
 	}
 	rows := readCSV(t, filepath.Join(dir, "runs.csv"))

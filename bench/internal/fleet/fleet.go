@@ -40,6 +40,10 @@ type Config struct {
 	Work                    time.Duration // the handler's simulated latency
 	MaxInFlight             int           // the HTTP client's keep-alive connections per worker
 	StartTimeout            time.Duration // how long a worker may take to listen (30s)
+	// CPUProfile, when set, is the file each worker writes its CPU profile
+	// to, from its start to its exit (a fleet of one worker: they would
+	// share it). Passed on only when set, like the flags above.
+	CPUProfile string
 }
 
 // Fleet is N running worker processes and the HTTP client that drives them.
@@ -113,6 +117,9 @@ func startWorker(ctx context.Context, cfg Config) (*worker, error) {
 	}
 	if cfg.Unshared {
 		args = append(args, "-unshared")
+	}
+	if cfg.CPUProfile != "" {
+		args = append(args, "-cpuprofile", cfg.CPUProfile)
 	}
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1", databaseEnv+"="+cfg.DatabaseURL)

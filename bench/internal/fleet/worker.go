@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -73,6 +74,7 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		impl      = fs.String("impl", "guard", "what serves the requests: guard (the middleware) or minimal (target.MinimalHandler)")
 		asyncAns  = fs.Bool("async-answers", false, "the guard's store returns answer writes before their flush (durable.Config.AsynchronousAnswers)")
 		unshared  = fs.Bool("unshared", false, "the guard's store never shares statements among requests (it is not told the pool's state)")
+		profile   = fs.String("cpuprofile", "", "write the worker's CPU profile, from start to exit, to this file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -80,6 +82,14 @@ func Serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if *schema == "" || *prefix == "" || *poolSize < 1 || (*impl != "guard" && *impl != "minimal") {
 		fmt.Fprintln(stderr, "bench worker: -schema, -prefix, a positive -pool-size and -impl guard or minimal are required")
 		return 2
+	}
+	if *profile != "" {
+		stop, err := startProfile(*profile)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench worker: %v\n", err)
+			return 1
+		}
+		defer stop()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -165,6 +175,22 @@ func serve(ctx context.Context, addr string, pool *pgxpool.Pool, orders http.Han
 		return err
 	}
 	return nil
+}
+
+// startProfile starts the CPU profile written to path when stop is called.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 // unsharedDB hides the pool's Stat from the store, which then runs every

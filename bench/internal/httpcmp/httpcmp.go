@@ -79,11 +79,12 @@ type Run struct {
 	Executed                 int64 // 201 answers that were not replays
 	Elapsed                  time.Duration
 	WALSyncs                 int64 // pg_stat_wal.wal_sync delta, server-wide
-	// WorkerCPU and PostgresCPU are the CPU seconds the worker process and
-	// the PostgreSQL processes serving the fleet used during the run
-	// (fleet.Meter; 0 where /proc cannot be read).
-	WorkerCPU, PostgresCPU float64
-	FirstErr               string
+	// WorkerCPU, PostgresCPU, RedisCPU and DriverCPU are the CPU seconds
+	// the worker process, the PostgreSQL processes serving the fleet, the
+	// Redis server and the bench process (the callers) used during the run
+	// (fleet.Meter; 0 where /proc cannot be read, Redis's from INFO).
+	WorkerCPU, PostgresCPU, RedisCPU, DriverCPU float64
+	FirstErr                                    string
 }
 
 // OpsPerSec is answers without error per second.
@@ -99,6 +100,16 @@ func (r Run) OpsPerSec() float64 {
 func (r Run) PostgresMicrosPerRequest() float64 { return r.perRequest(r.PostgresCPU) }
 
 func (r Run) WorkerMicrosPerRequest() float64 { return r.perRequest(r.WorkerCPU) }
+
+// RedisMicrosPerRequest is Redis's CPU per answered request, in µs.
+func (r Run) RedisMicrosPerRequest() float64 { return r.perRequest(r.RedisCPU) }
+
+// TotalMicrosPerRequest is the CPU of every part (the callers, the worker,
+// PostgreSQL, Redis) per answered request, in µs: what throughput follows
+// where the machine's cores bind.
+func (r Run) TotalMicrosPerRequest() float64 {
+	return r.perRequest(r.WorkerCPU + r.PostgresCPU + r.RedisCPU + r.DriverCPU)
+}
 
 func (r Run) perRequest(secs float64) float64 {
 	if n := r.Requests - r.Errors; n > 0 {
@@ -126,6 +137,7 @@ type config struct {
 	scenarios        []string
 	baseline         string
 	pgDelay          time.Duration // added to each worker's PostgreSQL round trip
+	profiles         string        // a directory for the workers' CPU profiles, or ""
 	progress         io.Writer
 }
 
@@ -152,6 +164,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		baseline   = fs.String("baseline", "", "a bench binary of an earlier build whose guard runs as \"before\" (go build -o ... ./bench at that commit)")
 		pgDelay    = fs.Duration("pg-delay", 0, "round-trip time added between the workers and PostgreSQL (a delay proxy), e.g. 500us")
 		outDir     = fs.String("out", "bench-report-http", "report directory (created; its files replaced)")
+		profiles   = fs.String("cpuprofile", "", "a directory where each worker of this build writes its CPU profile (STRATEGY-IMPL-CALLERS.pprof, all its rounds and scenarios), for go tool pprof")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -160,7 +173,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, progress: stdout, scenarios: cli.Split(*scenarios)}
+		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, profiles: *profiles, progress: stdout, scenarios: cli.Split(*scenarios)}
 	for _, impl := range cli.Split(*implsFlag) {
 		if !slices.Contains(allImpls, impl) {
 			fmt.Fprintf(stderr, "http: -impls: %q is none of %s\n", impl, strings.Join(allImpls, ", "))
@@ -207,6 +220,11 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func sweep(ctx context.Context, cfg config) ([]Run, error) {
+	if cfg.profiles != "" {
+		if err := os.MkdirAll(cfg.profiles, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	env, err := target.Open(ctx, target.Config{DatabaseURL: cfg.dbURL, RedisAddr: cfg.redisAddr, PoolSize: 2})
 	if err != nil {
 		return nil, err
@@ -228,7 +246,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	}
 	var runs []Run
 	var seq atomic.Int64
-	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "pgµs/req", "wkµs/req", "errors")
+	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "pgµs/req", "wkµs/req", "rdµs/req", "allµs/rq", "errors")
 	// Every strategy's workers run interleaved in each round, so that the
 	// strategies are compared as the implementations are.
 	type worker struct{ strategy, impl string }
@@ -258,6 +276,9 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			case Before:
 				fc.Binary = cfg.baseline
 			}
+			if cfg.profiles != "" && w.impl != Before {
+				fc.CPUProfile = filepath.Join(cfg.profiles, fmt.Sprintf("%s-%s-%d.pprof", w.strategy, w.impl, conc))
+			}
 			f, err := fleet.Start(ctx, fc, 1)
 			if err != nil {
 				closeAll()
@@ -285,9 +306,10 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 					}
 					r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = w.strategy, sc, w.impl, conc, round+1
 					runs = append(runs, r)
-					fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %7d\n",
+					fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %8.0f %8.0f %7d\n",
 						w.strategy, sc, conc, round+1, w.impl, r.OpsPerSec(), r.FlushesPerExecution(),
-						r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.Errors)
+						r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.RedisMicrosPerRequest(),
+						r.TotalMicrosPerRequest(), r.Errors)
 				}
 			}
 		}
@@ -422,7 +444,8 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 	wg.Wait()
 	r.Elapsed = time.Since(start)
 	u := fleet.Between(cpu0, meter.Read(ctx, f))
-	r.WorkerCPU, r.PostgresCPU = u.Workers*r.Elapsed.Seconds(), u.Postgres*r.Elapsed.Seconds()
+	secs := r.Elapsed.Seconds()
+	r.WorkerCPU, r.PostgresCPU, r.RedisCPU, r.DriverCPU = u.Workers*secs, u.Postgres*secs, u.Redis*secs, u.Driver*secs
 	w1, err := settledWALSyncs(ctx, env, f)
 	if err != nil {
 		return r, err
@@ -562,16 +585,20 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 			fmt.Fprintln(w)
 		}
 	}
-	fmt.Fprintf(w, "\nCPU per first execution, µs, PostgreSQL / worker process (median of the rounds):\n\n")
-	header("strategy | callers", "---|---:|", "", nil)
+	fmt.Fprintf(w, "\nCPU per request, µs, PostgreSQL / worker process / Redis / all (the callers too), median of the rounds "+
+		"(a unique run's requests are first executions):\n\n")
+	header("strategy | scenario | callers", "---|---|---:|", "", nil)
 	for _, st := range cfg.strategies {
-		for _, conc := range cfg.callers {
-			fmt.Fprintf(w, "| %s | %d |", st, conc)
-			for _, impl := range impls {
-				fmt.Fprintf(w, " %.0f / %.0f |", medianOf(runs, st, Unique, impl, conc, Run.PostgresMicrosPerRequest),
-					medianOf(runs, st, Unique, impl, conc, Run.WorkerMicrosPerRequest))
+		for _, sc := range cfg.scenarios {
+			for _, conc := range cfg.callers {
+				fmt.Fprintf(w, "| %s | %s | %d |", st, sc, conc)
+				for _, impl := range impls {
+					fmt.Fprintf(w, " %.0f / %.0f / %.0f / %.0f |", medianOf(runs, st, sc, impl, conc, Run.PostgresMicrosPerRequest),
+						medianOf(runs, st, sc, impl, conc, Run.WorkerMicrosPerRequest), medianOf(runs, st, sc, impl, conc, Run.RedisMicrosPerRequest),
+						medianOf(runs, st, sc, impl, conc, Run.TotalMicrosPerRequest))
+				}
+				fmt.Fprintln(w)
 			}
-			fmt.Fprintln(w)
 		}
 	}
 	if slices.Contains(cfg.strategies, "table") && slices.Contains(cfg.strategies, "hybrid") {
@@ -606,13 +633,14 @@ func write(dir, md string, runs []Run) error {
 		return err
 	}
 	cw := csv.NewWriter(f)
-	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "worker_cpu_s", "postgres_cpu_s", "first_error"})
+	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "worker_cpu_s", "postgres_cpu_s", "redis_cpu_s", "driver_cpu_s", "first_error"})
 	for _, r := range runs {
 		_ = cw.Write([]string{r.Strategy, r.Scenario, r.Impl, strconv.Itoa(r.Callers), strconv.Itoa(r.Round),
 			strconv.FormatInt(r.Requests, 10), strconv.FormatInt(r.Errors, 10), strconv.FormatInt(r.Executed, 10),
 			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64), strconv.FormatFloat(r.OpsPerSec(), 'f', 1, 64),
 			strconv.FormatInt(r.WALSyncs, 10), strconv.FormatFloat(r.WorkerCPU, 'f', 3, 64),
-			strconv.FormatFloat(r.PostgresCPU, 'f', 3, 64), r.FirstErr})
+			strconv.FormatFloat(r.PostgresCPU, 'f', 3, 64), strconv.FormatFloat(r.RedisCPU, 'f', 3, 64),
+			strconv.FormatFloat(r.DriverCPU, 'f', 3, 64), r.FirstErr})
 	}
 	cw.Flush()
 	if err := cw.Error(); err != nil {
