@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -475,6 +476,40 @@ func TestPipelineSetRidesWithTheNextExchange(t *testing.T) {
 			n, err := c.Exists(ctx, l.Key("u", "alone")).Result()
 			require.NoError(t, err)
 			require.EqualValues(t, 1, n)
+		})
+	}
+}
+
+// Writes queued while nothing is out wait for the linger together, and go at
+// once, as one exchange, when they fill a batch.
+func TestPipelineWritesGoWhenTheyFillABatch(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			l.pipe.linger = time.Hour // only a full batch sends them
+			var ex exchanges
+			c.AddHook(&ex)
+
+			answered := make(chan error, maxBatch)
+			for i := range maxBatch - 1 {
+				l.Set("u", strconv.Itoa(i), []byte("copy"), time.Minute, func(err error) { answered <- err })
+			}
+			require.Empty(t, ex.all(), "fewer writes than a batch wait for the linger")
+			l.Set("u", "last", []byte("copy"), time.Minute, func(err error) { answered <- err })
+			for range maxBatch {
+				select {
+				case err := <-answered:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("a full batch still waits for the linger")
+				}
+			}
+			require.Equal(t, []int{maxBatch}, ex.all(), "a full batch went at once, in one exchange")
+			n, err := c.Exists(context.Background(), l.Key("u", "0"), l.Key("u", "last")).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, 2, n)
 		})
 	}
 }
