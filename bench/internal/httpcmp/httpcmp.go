@@ -19,6 +19,7 @@
 package httpcmp
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -79,6 +80,7 @@ type Run struct {
 	Executed                 int64 // 201 answers that were not replays
 	Elapsed                  time.Duration
 	WALSyncs                 int64 // pg_stat_wal.wal_sync delta, server-wide
+	Commits                  int64 // pg_stat_database.xact_commit delta, the bench's database
 	// WorkerCPU, PostgresCPU, RedisCPU and DriverCPU are the CPU seconds
 	// the worker process, the PostgreSQL processes serving the fleet, the
 	// Redis server and the bench process (the callers) used during the run
@@ -114,6 +116,15 @@ func (r Run) TotalMicrosPerRequest() float64 {
 func (r Run) perRequest(secs float64) float64 {
 	if n := r.Requests - r.Errors; n > 0 {
 		return secs * 1e6 / float64(n)
+	}
+	return 0
+}
+
+// CommitsPerRequest is transactions committed (statements, outside a
+// caller's own transaction) per answered request.
+func (r Run) CommitsPerRequest() float64 {
+	if n := r.Requests - r.Errors; n > 0 {
+		return float64(r.Commits) / float64(n)
 	}
 	return 0
 }
@@ -246,7 +257,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	}
 	var runs []Run
 	var seq atomic.Int64
-	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "pgµs/req", "wkµs/req", "rdµs/req", "allµs/rq", "errors")
+	fmt.Fprintf(cfg.progress, "%-7s %-8s %7s %5s %-12s %9s %8s %8s %8s %8s %8s %8s %7s\n", "strategy", "scenario", "callers", "round", "impl", "ops/s", "flush/ex", "xact/req", "pgµs/req", "wkµs/req", "rdµs/req", "allµs/rq", "errors")
 	// Every strategy's workers run interleaved in each round, so that the
 	// strategies are compared as the implementations are.
 	type worker struct{ strategy, impl string }
@@ -306,8 +317,8 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 					}
 					r.Strategy, r.Scenario, r.Impl, r.Callers, r.Round = w.strategy, sc, w.impl, conc, round+1
 					runs = append(runs, r)
-					fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.0f %8.0f %8.0f %8.0f %7d\n",
-						w.strategy, sc, conc, round+1, w.impl, r.OpsPerSec(), r.FlushesPerExecution(),
+					fmt.Fprintf(cfg.progress, "%-7s %-8s %7d %5d %-12s %9.0f %8.3f %8.3f %8.0f %8.0f %8.0f %8.0f %7d\n",
+						w.strategy, sc, conc, round+1, w.impl, r.OpsPerSec(), r.FlushesPerExecution(), r.CommitsPerRequest(),
 						r.PostgresMicrosPerRequest(), r.WorkerMicrosPerRequest(), r.RedisMicrosPerRequest(),
 						r.TotalMicrosPerRequest(), r.Errors)
 				}
@@ -321,16 +332,16 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 // settledWALSyncs makes the worker's connections publish their statistics
 // (POST /stats), gives the WAL writer one cycle (wal_writer_delay, 200ms by
 // default) to publish its own, and reads the server's WAL flush count.
-func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int64, error) {
+func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (pgCounts, error) {
 	if err := f.FlushStats(ctx); err != nil {
-		return 0, err
+		return pgCounts{}, err
 	}
 	t := time.NewTimer(250 * time.Millisecond)
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return pgCounts{}, ctx.Err()
 	}
 	for _, conn := range env.Pool.AcquireAllIdle(ctx) {
 		_, _ = conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
@@ -345,14 +356,32 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (int6
 // Before.
 var allImpls = []string{Minimal, Guard, GuardUnshared, GuardAsync}
 
-func walSyncs(ctx context.Context, env *target.Env) (int64, error) {
-	var n int64
-	err := env.Pool.QueryRow(ctx, "SELECT wal_sync FROM pg_stat_wal").Scan(&n)
-	return n, err
+// pgCounts are the server's counters a run reads before and after.
+type pgCounts struct{ walSyncs, commits int64 }
+
+func walSyncs(ctx context.Context, env *target.Env) (pgCounts, error) {
+	var c pgCounts
+	err := env.Pool.QueryRow(ctx, `SELECT (SELECT wal_sync FROM pg_stat_wal),
+	(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())`).Scan(&c.walSyncs, &c.commits)
+	return c, err
+}
+
+// settleRequests is how many requests of its scenario run before a run is
+// measured: the hybrid's lease mode and the store's insert mode each settle
+// within a window of 512 requests (internal/rare), so that a run measures
+// the scenario's steady state, not the switch from the scenario before.
+const settleRequests = 1024
+
+// counts are what a run's callers got.
+type counts struct {
+	requests, errs, executed atomic.Int64
+	errOnce                  sync.Once
+	firstErr                 string
 }
 
 // runOne truncates impl's table and, for replays, answers replayKeys keys
-// first; then runs conc callers closed loop for d.
+// first; then runs conc callers closed loop for settleRequests requests,
+// and measures them for d.
 func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
 	replayKeys int, seq *atomic.Int64) (Run, error) {
 	var r Run
@@ -396,52 +425,60 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 			return r, prepErr
 		}
 	}
+	var (
+		answered atomic.Int64
+		recent   [recentKeys]atomic.Int64 // the latest answered keys, a ring
+	)
+	// drive runs conc callers closed loop until stop says so, and counts
+	// what they get into c.
+	drive := func(c *counts, stop func() bool) {
+		var wg sync.WaitGroup
+		seed := uint64(time.Now().UnixNano())
+		for caller := range conc {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(caller), seed))
+				for ctx.Err() == nil && !stop() {
+					k, want := int64(0), idem.OutcomeReplayed.String()
+					switch n := answered.Load(); {
+					case scenario == Replay:
+						k = keys[rng.IntN(len(keys))]
+					case scenario == Retries && n > 0 && rng.IntN(5) < 4:
+						k = recent[rng.Int64N(min(n, recentKeys))].Load()
+					}
+					if k == 0 {
+						k, want = seq.Add(1), idem.OutcomeExecuted.String()
+					}
+					kk, scope := key(k)
+					out, err := f.Post(ctx, 0, kk, scope)
+					c.requests.Add(1)
+					if err == nil && out != want {
+						err = fmt.Errorf("%s: outcome %s, want %s", impl, out, want)
+					}
+					if err != nil {
+						c.errs.Add(1)
+						c.errOnce.Do(func() { c.firstErr = err.Error() })
+						continue
+					}
+					if out == idem.OutcomeExecuted.String() {
+						c.executed.Add(1)
+						recent[(answered.Add(1)-1)%recentKeys].Store(k)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var warm counts
+	drive(&warm, func() bool { return warm.requests.Load() >= settleRequests })
 	w0, err := settledWALSyncs(ctx, env, f)
 	if err != nil {
 		return r, err
 	}
-	var (
-		requests, errs, executed, answered atomic.Int64
-		recent                             [recentKeys]atomic.Int64 // the latest answered keys, a ring
-		errOnce                            sync.Once
-		wg                                 sync.WaitGroup
-	)
+	var c counts
 	cpu0 := meter.Read(ctx, f)
 	start := time.Now()
 	deadline := start.Add(d)
-	for c := range conc {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c), uint64(start.UnixNano())))
-			for ctx.Err() == nil && time.Now().Before(deadline) {
-				k, want := int64(0), idem.OutcomeReplayed.String()
-				switch n := answered.Load(); {
-				case scenario == Replay:
-					k = keys[rng.IntN(len(keys))]
-				case scenario == Retries && n > 0 && rng.IntN(5) < 4:
-					k = recent[rng.Int64N(min(n, recentKeys))].Load()
-				}
-				if k == 0 {
-					k, want = seq.Add(1), idem.OutcomeExecuted.String()
-				}
-				kk, scope := key(k)
-				out, err := f.Post(ctx, 0, kk, scope)
-				requests.Add(1)
-				if err == nil && out != want {
-					err = fmt.Errorf("%s: outcome %s, want %s", impl, out, want)
-				}
-				if err != nil {
-					errs.Add(1)
-					errOnce.Do(func() { r.FirstErr = err.Error() })
-					continue
-				}
-				if out == idem.OutcomeExecuted.String() {
-					executed.Add(1)
-					recent[(answered.Add(1)-1)%recentKeys].Store(k)
-				}
-			}
-		})
-	}
-	wg.Wait()
+	drive(&c, func() bool { return time.Now().After(deadline) })
 	r.Elapsed = time.Since(start)
 	u := fleet.Between(cpu0, meter.Read(ctx, f))
 	secs := r.Elapsed.Seconds()
@@ -450,7 +487,10 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 	if err != nil {
 		return r, err
 	}
-	r.Requests, r.Errors, r.Executed, r.WALSyncs = requests.Load(), errs.Load(), executed.Load(), w1-w0
+	// The settling requests' errors count too: they were answered wrong.
+	r.Requests, r.Errors, r.Executed = c.requests.Load(), c.errs.Load()+warm.errs.Load(), c.executed.Load()
+	r.FirstErr = cmp.Or(warm.firstErr, c.firstErr)
+	r.WALSyncs, r.Commits = w1.walSyncs-w0.walSyncs, w1.commits-w0.commits
 	return r, ctx.Err()
 }
 
@@ -529,10 +569,10 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		fmt.Fprintf(w, "**Interrupted**: only the runs that ended are reported.\n\n")
 	}
 	fmt.Fprintf(w, "Command: `%s`  \nStarted %s, took %s. One worker process per implementation on loopback, "+
-		"its Redis pool as large as the callers and its pgx pool too, up to %d; PostgreSQL %v further than loopback; no handler latency; %d ABBA rounds of %v; replays repeat %d keys "+
-		"answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
+		"its Redis pool as large as the callers and its pgx pool too, up to %d; PostgreSQL %v further than loopback; no handler latency; %d ABBA rounds of %v, each run after %d requests of its scenario that are not measured "+
+		"(the lease and insert modes settle); replays repeat %d keys answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
-		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.replayKeys)
+		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, settleRequests, cfg.replayKeys)
 	impls := cfg.impls
 	// header writes a table's header: the first columns, then one per
 	// implementation (suffixed) and per pair of them.
@@ -633,12 +673,12 @@ func write(dir, md string, runs []Run) error {
 		return err
 	}
 	cw := csv.NewWriter(f)
-	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "worker_cpu_s", "postgres_cpu_s", "redis_cpu_s", "driver_cpu_s", "first_error"})
+	_ = cw.Write([]string{"strategy", "scenario", "impl", "callers", "round", "requests", "errors", "executed", "elapsed_s", "ops_per_s", "wal_sync", "xact_commit", "worker_cpu_s", "postgres_cpu_s", "redis_cpu_s", "driver_cpu_s", "first_error"})
 	for _, r := range runs {
 		_ = cw.Write([]string{r.Strategy, r.Scenario, r.Impl, strconv.Itoa(r.Callers), strconv.Itoa(r.Round),
 			strconv.FormatInt(r.Requests, 10), strconv.FormatInt(r.Errors, 10), strconv.FormatInt(r.Executed, 10),
 			strconv.FormatFloat(r.Elapsed.Seconds(), 'f', 3, 64), strconv.FormatFloat(r.OpsPerSec(), 'f', 1, 64),
-			strconv.FormatInt(r.WALSyncs, 10), strconv.FormatFloat(r.WorkerCPU, 'f', 3, 64),
+			strconv.FormatInt(r.WALSyncs, 10), strconv.FormatInt(r.Commits, 10), strconv.FormatFloat(r.WorkerCPU, 'f', 3, 64),
 			strconv.FormatFloat(r.PostgresCPU, 'f', 3, 64), strconv.FormatFloat(r.RedisCPU, 'f', 3, 64),
 			strconv.FormatFloat(r.DriverCPU, 'f', 3, 64), r.FirstErr})
 	}
