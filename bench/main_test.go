@@ -102,7 +102,7 @@ func TestCrossoverSmoke(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), append([]string{"crossover"}, append(args, "-shares", "0,0.5", "-distances", "0,500us",
-		"-rounds", "1", "-run", "300ms", "-callers", "4", "-work", "1ms", "-out", dir)...), &out, &errOut)
+		"-rounds", "1", "-run", "300ms", "-callers", "4", "-work", "1ms", "-settle", "50", "-out", dir)...), &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	for _, want := range []string{"verdict: over loopback: ", "verdict: at +500µs round trip: ", "first executions' p50 at 1 caller"} {
 		require.Contains(t, out.String(), want)
@@ -113,6 +113,7 @@ func TestCrossoverSmoke(t *testing.T) {
 	require.Contains(t, string(md), "## Verdict")
 	require.Contains(t, string(md), "| first execution p50, 1 caller | table ")
 	require.Contains(t, string(md), "postgres_synchronous_commit=", "the server settings behind the figures")
+	require.Contains(t, string(md), "each after 50 requests of its share that are not measured")
 
 	rows := readCSV(t, filepath.Join(dir, "crossover.csv"))
 	require.Len(t, rows, 2*3*2, "2 distances x (2 shares and the 1-caller run) x 2 strategies")
@@ -143,13 +144,14 @@ func TestHTTPSmoke(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), append([]string{"http"}, append(args, "-strategies", "hybrid", "-callers", "2",
-		"-rounds", "2", "-run", "200ms", "-replay-keys", "20", "-out", dir)...), &out, &errOut)
+		"-rounds", "2", "-run", "200ms", "-replay-keys", "20", "-settle", "50", "-out", dir)...), &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	requireFiles(t, dir, "report.md", "runs.csv")
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
 	for _, want := range []string{"| hybrid | unique | 2 |", "| hybrid | replay | 2 |", "| hybrid | retries | 2 |", "guard ÷ minimal", "guard ÷ guard-unshared",
-		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per request", "Errors over all runs: 0."} {
+		"guard ÷ guard-async", "Disk flushes per first execution", "CPU per request", "each run after 50 requests of its scenario",
+		"Errors over all runs: 0."} {
 		require.Contains(t, string(md), want)
 	}
 	rows := readCSV(t, filepath.Join(dir, "runs.csv"))

@@ -24,6 +24,15 @@ func ServerFlags(fs *flag.FlagSet) (dbURL, redisAddr *string) {
 	return dbURL, redisAddr
 }
 
+// SettleFlag defines the -settle flag of fs: how many requests of a run's
+// own mix go before it is measured. The hybrid's lease mode and the store's
+// insert mode each switch within a window of 512 requests
+// (internal/rare), so the default, 1,024, has a run measure its mix's
+// steady state, not the switch from the mix before.
+func SettleFlag(fs *flag.FlagSet) *int {
+	return fs.Int("settle", 1024, "requests of a run's own mix sent before it is measured, so that the lease and insert modes settle")
+}
+
 // Split returns the non-empty, trimmed fields of a comma-separated flag.
 func Split(s string) []string {
 	var out []string

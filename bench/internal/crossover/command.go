@@ -27,6 +27,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	dbURL, redisAddr := cli.ServerFlags(fs)
+	settle := cli.SettleFlag(fs)
 	var (
 		shares    = fs.String("shares", "0,0.01,0.05,0.2,0.5,0.8,0.95", "retry shares, comma-separated, each in [0, 1)")
 		distances = fs.String("distances", "0,500us,2ms", "round-trip times added to PostgreSQL's (0: loopback, no proxy)")
@@ -50,7 +51,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := Config{DatabaseURL: *dbURL, RedisAddr: *redisAddr, Rounds: *rounds, Run: *runFor, Callers: *callers,
-		Recent: *recent, PoolSize: *poolSize, RedisPoolSize: *redisPool, Work: *work, Progress: stdout}
+		Recent: *recent, Settle: *settle, PoolSize: *poolSize, RedisPoolSize: *redisPool, Work: *work, Progress: stdout}
 	for _, s := range cli.Split(*shares) {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || v < 0 || v >= 1 {
@@ -71,8 +72,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Distances = append(cfg.Distances, d)
 	}
-	if len(cfg.Shares) == 0 || len(cfg.Distances) == 0 || cfg.Rounds < 1 || cfg.Run <= 0 || cfg.Callers < 1 {
-		fmt.Fprintln(stderr, "crossover: need shares, distances, -rounds >= 1, a positive -run and -callers")
+	if len(cfg.Shares) == 0 || len(cfg.Distances) == 0 || cfg.Rounds < 1 || cfg.Run <= 0 || cfg.Callers < 1 || cfg.Settle < 0 {
+		fmt.Fprintln(stderr, "crossover: need shares, distances, -rounds >= 1, a positive -run and -callers, -settle >= 0")
 		return 2
 	}
 	var err error

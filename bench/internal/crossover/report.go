@@ -405,10 +405,11 @@ func (r *Result) markdown(w io.Writer, command string) {
 		fmt.Fprintf(w, "**Interrupted**: only the runs that ended are reported.\n\n")
 	}
 	fmt.Fprintf(w, "Command: `%s`  \n", command)
-	fmt.Fprintf(w, "Started %s, took %s. %d callers closed loop, handler %v, pgx pool %d, %d rounds of %v per strategy, share and distance; "+
+	fmt.Fprintf(w, "Started %s, took %s. %d callers closed loop, handler %v, pgx pool %d, %d rounds of %v per strategy, share and distance, "+
+		"each after %d requests of its share that are not measured (the lease and insert modes settle); "+
 		"a retry repeats one of the %d latest intents (same key and body).  \n",
 		r.Started.UTC().Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Second), cfg.Callers, cfg.Work, cfg.PoolSize,
-		cfg.Rounds, cfg.Run, cfg.Recent)
+		cfg.Rounds, cfg.Run, cfg.Settle, cfg.Recent)
 	var keys []string
 	for k := range r.Versions {
 		keys = append(keys, k)

@@ -14,6 +14,7 @@
 package crossover
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -49,7 +50,10 @@ type Config struct {
 	// handler that takes no time, for Run.
 	Callers int
 	// Recent is how many of the latest intents a retry picks from.
-	Recent                  int
+	Recent int
+	// Settle is how many requests of its share a cell sends before it is
+	// measured (see cli.SettleFlag).
+	Settle                  int
 	PoolSize, RedisPoolSize int
 	Work                    time.Duration // the handler's latency
 	// Binary is the executable run as the delay proxy (the bench's own).
@@ -247,9 +251,10 @@ func measureRTT(ctx context.Context, env *target.Env) (time.Duration, error) {
 	return ds[len(ds)/2], nil
 }
 
-// cell runs t closed loop for d: each of callers callers sends, with
-// probability share, a retry of one of the cfg.Recent latest intents (same
-// key, same fingerprint), and otherwise a new intent.
+// cell runs t closed loop for cfg.Settle requests, then measures it for
+// d: each of callers callers sends, with probability share, a retry of one
+// of the cfg.Recent latest intents (same key, same fingerprint), and
+// otherwise a new intent.
 func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, proxy *delayproxy.Process,
 	t *target.Guard, share float64, callers int, d time.Duration, seq *atomic.Int64) (Cell, error) {
 	var c Cell
@@ -266,60 +271,74 @@ func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, 
 		outMu          sync.Mutex
 		firstErr       error
 		latencies      []time.Duration
+		outcomes       = map[string]int64{}
 	)
-	outcomes := map[string]int64{}
+	// drive runs the callers closed loop until stop says so, counting into
+	// the variables above; each caller keeps its own outcomes and latencies
+	// until the end.
+	drive := func(stop func() bool) {
+		var wg sync.WaitGroup
+		seed := uint64(time.Now().UnixNano())
+		for w := range callers {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(w), seed))
+				local := map[string]int64{}
+				var lat []time.Duration
+				for ctx.Err() == nil && !stop() {
+					var k int64
+					recentMu.Lock()
+					if recentN > 0 && rng.Float64() < share {
+						k = recent[rng.IntN(min(recentN, len(recent)))]
+						recentMu.Unlock()
+					} else {
+						recentMu.Unlock()
+						k = seq.Add(1)
+						recentMu.Lock()
+						recent[recentN%len(recent)] = k
+						recentN++
+						recentMu.Unlock()
+					}
+					key := "x" + strconv.FormatInt(k, 36)
+					req := idem.Request{Scope: "user-" + strconv.FormatInt(k%1000, 10), Key: key,
+						Fingerprint: sha256.Sum256([]byte(key))}
+					t0 := time.Now()
+					out, err := t.Do(ctx, req)
+					lat = append(lat, time.Since(t0))
+					requests.Add(1)
+					if err != nil {
+						errs.Add(1)
+						outMu.Lock()
+						firstErr = cmp.Or(firstErr, err)
+						outMu.Unlock()
+						continue
+					}
+					local[out]++
+				}
+				outMu.Lock()
+				for k, v := range local {
+					outcomes[k] += v
+				}
+				latencies = append(latencies, lat...)
+				outMu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	drive(func() bool { return requests.Load() >= int64(cfg.Settle) })
+	// The settling requests' errors count (an error is an error of the
+	// run); nothing else of theirs does.
+	settleErrs := errs.Load()
+	requests.Store(0)
+	errs.Store(0)
+	latencies = latencies[:0]
+	clear(outcomes)
 	stmt0, cmd0 := env.PGStatements.Count(), env.RedisCmds.Count()
 	proxy0 := proxyCPU(proxy)
 	cpu0 := meter.Read(ctx, nil)
 	start := time.Now()
 	deadline := start.Add(d)
-	var wg sync.WaitGroup
-	for w := range callers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			local := map[string]int64{}
-			var lat []time.Duration
-			for ctx.Err() == nil && time.Now().Before(deadline) {
-				var k int64
-				recentMu.Lock()
-				if recentN > 0 && rng.Float64() < share {
-					k = recent[rng.IntN(min(recentN, len(recent)))]
-					recentMu.Unlock()
-				} else {
-					recentMu.Unlock()
-					k = seq.Add(1)
-					recentMu.Lock()
-					recent[recentN%len(recent)] = k
-					recentN++
-					recentMu.Unlock()
-				}
-				key := "x" + strconv.FormatInt(k, 36)
-				req := idem.Request{Scope: "user-" + strconv.FormatInt(k%1000, 10), Key: key,
-					Fingerprint: sha256.Sum256([]byte(key))}
-				t0 := time.Now()
-				out, err := t.Do(ctx, req)
-				lat = append(lat, time.Since(t0))
-				requests.Add(1)
-				if err != nil {
-					errs.Add(1)
-					outMu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					outMu.Unlock()
-					continue
-				}
-				local[out]++
-			}
-			outMu.Lock()
-			for k, v := range local {
-				outcomes[k] += v
-			}
-			latencies = append(latencies, lat...)
-			outMu.Unlock()
-		})
-	}
-	wg.Wait()
+	drive(func() bool { return time.Now().After(deadline) })
+	errs.Add(settleErrs)
 	c.Elapsed = time.Since(start)
 	cpu1 := meter.Read(ctx, nil)
 	u := fleet.Between(cpu0, cpu1)

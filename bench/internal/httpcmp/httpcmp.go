@@ -144,6 +144,7 @@ type config struct {
 	rounds           int
 	run              time.Duration
 	replayKeys       int
+	settle           int // requests of a run's scenario before it is measured
 	impls            []string // what runs, Before last when there is a baseline
 	scenarios        []string
 	baseline         string
@@ -164,6 +165,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	dbURL, redisAddr := cli.ServerFlags(fs)
+	settle := cli.SettleFlag(fs)
 	var (
 		callers    = fs.String("callers", "1,8,32", "closed-loop callers, comma-separated (each worker's pools get as many connections)")
 		strategies = fs.String("strategies", "table,hybrid", "strategies")
@@ -184,7 +186,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{dbURL: *dbURL, redisAddr: *redisAddr, strategies: cli.Split(*strategies), rounds: *rounds, run: *runFor,
-		replayKeys: *replayKeys, baseline: *baseline, pgDelay: *pgDelay, profiles: *profiles, progress: stdout, scenarios: cli.Split(*scenarios)}
+		replayKeys: *replayKeys, settle: *settle, baseline: *baseline, pgDelay: *pgDelay, profiles: *profiles, progress: stdout, scenarios: cli.Split(*scenarios)}
 	for _, impl := range cli.Split(*implsFlag) {
 		if !slices.Contains(allImpls, impl) {
 			fmt.Fprintf(stderr, "http: -impls: %q is none of %s\n", impl, strings.Join(allImpls, ", "))
@@ -203,10 +205,10 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.callers = append(cfg.callers, n)
 	}
-	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || len(cfg.callers) == 0 ||
+	if fs.NArg() > 0 || cfg.pgDelay < 0 || cfg.rounds < 2 || cfg.run <= 0 || cfg.replayKeys < 1 || cfg.settle < 0 || len(cfg.callers) == 0 ||
 		len(cfg.impls) == 0 || len(cfg.strategies) == 0 || slices.ContainsFunc(cfg.strategies, func(s string) bool { return s != "table" && s != "hybrid" }) ||
 		len(cfg.scenarios) == 0 || slices.ContainsFunc(cfg.scenarios, func(s string) bool { return !slices.Contains([]string{Unique, Replay, Retries}, s) }) {
-		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -callers, -impls, -strategies of table and hybrid and -scenarios of unique, replay and retries")
+		fmt.Fprintln(stderr, "http: need -rounds >= 2, a positive -run and -replay-keys, -settle >= 0, -callers, -impls, -strategies of table and hybrid and -scenarios of unique, replay and retries")
 		return 2
 	}
 	started := time.Now()
@@ -298,7 +300,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			fleets[w] = f
 		}
 		for _, w := range workers { // dial the pools, load the scripts
-			if _, err := runOne(ctx, env, meter, fleets[w], w.impl, Unique, conc, cfg.run/4, cfg.replayKeys, &seq); err != nil {
+			if _, err := runOne(ctx, env, meter, fleets[w], w.impl, Unique, conc, cfg.run/4, cfg.replayKeys, 0, &seq); err != nil {
 				closeAll()
 				return runs, err
 			}
@@ -310,7 +312,7 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 			}
 			for _, sc := range cfg.scenarios {
 				for _, w := range order {
-					r, err := runOne(ctx, env, meter, fleets[w], w.impl, sc, conc, cfg.run, cfg.replayKeys, &seq)
+					r, err := runOne(ctx, env, meter, fleets[w], w.impl, sc, conc, cfg.run, cfg.replayKeys, cfg.settle, &seq)
 					if err != nil {
 						closeAll()
 						return runs, err
@@ -366,12 +368,6 @@ func walSyncs(ctx context.Context, env *target.Env) (pgCounts, error) {
 	return c, err
 }
 
-// settleRequests is how many requests of its scenario run before a run is
-// measured: the hybrid's lease mode and the store's insert mode each settle
-// within a window of 512 requests (internal/rare), so that a run measures
-// the scenario's steady state, not the switch from the scenario before.
-const settleRequests = 1024
-
 // counts are what a run's callers got.
 type counts struct {
 	requests, errs, executed atomic.Int64
@@ -380,10 +376,10 @@ type counts struct {
 }
 
 // runOne truncates impl's table and, for replays, answers replayKeys keys
-// first; then runs conc callers closed loop for settleRequests requests,
-// and measures them for d.
+// first; then runs conc callers closed loop for settle requests (see
+// cli.SettleFlag), and measures them for d.
 func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
-	replayKeys int, seq *atomic.Int64) (Run, error) {
+	replayKeys, settle int, seq *atomic.Int64) (Run, error) {
 	var r Run
 	table := target.GuardTable
 	if impl == Minimal {
@@ -469,7 +465,7 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 		wg.Wait()
 	}
 	var warm counts
-	drive(&warm, func() bool { return warm.requests.Load() >= settleRequests })
+	drive(&warm, func() bool { return warm.requests.Load() >= int64(settle) })
 	w0, err := settledWALSyncs(ctx, env, f)
 	if err != nil {
 		return r, err
@@ -572,7 +568,7 @@ func markdown(w io.Writer, cfg config, runs []Run, command string, started time.
 		"its Redis pool as large as the callers and its pgx pool too, up to %d; PostgreSQL %v further than loopback; no handler latency; %d ABBA rounds of %v, each run after %d requests of its scenario that are not measured "+
 		"(the lease and insert modes settle); replays repeat %d keys answered before each run. Flushes are pg_stat_wal.wal_sync, server-wide (other clients of the server count too), "+
 		"per first execution.\n\n", command, started.UTC().Format(time.RFC3339), time.Since(started).Round(time.Second),
-		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, settleRequests, cfg.replayKeys)
+		maxPool, cfg.pgDelay, cfg.rounds, cfg.run, cfg.settle, cfg.replayKeys)
 	impls := cfg.impls
 	// header writes a table's header: the first columns, then one per
 	// implementation (suffixed) and per pair of them.
