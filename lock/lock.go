@@ -286,8 +286,8 @@ func parseValue(v string) (state []byte, ttl time.Duration) {
 // source of truth (idem writes the copy of an answer stored in PostgreSQL).
 //
 // Set does not wait for Redis: the write goes out with the Locker's next
-// exchange (the next call's or, when none is out and no call comes within
-// 10ms, one of its own with the writes queued meanwhile), and every call
+// exchange (the next call's or, when no call comes within 10ms, one of its
+// own with the writes queued meanwhile), and every call
 // made through the Locker after Set returns reaches Redis after it. The ttl
 // counts from the call: a write still queued when it has run out is
 // dropped. answered, when not nil, is called once with the write's error

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,8 +20,9 @@ const maxBatch = 256
 // lease instead of costing an exchange, a goroutine and wake-ups of its
 // own): one caller alone pays one round trip per command. Commands that
 // arrive while an exchange is out queue, and go together as one pipeline
-// when it returns, in the order they arrived, as a database groups the
-// commits that queue behind a flush. Under load this is most of what the
+// when it returns (unless they are only writes of later, which wait on), in
+// the order they arrived, as a database groups the commits that queue
+// behind a flush. Under load this is most of what the
 // lease costs: one round trip's system calls and wake-ups on both sides
 // serve many commands, so that the hybrid's lease is cheap beside the
 // PostgreSQL statement it saves.
@@ -28,7 +30,7 @@ const maxBatch = 256
 // Each caller waits for its own command at most until its context ends; a
 // command whose caller has gone by the time its batch is sent is not sent.
 // A command queued with later has no caller waiting: it goes with the next
-// exchange (when none is out and none comes within defaultLinger, one of
+// exchange a caller waits for (when none comes within defaultLinger, one of
 // its own with the writes queued meanwhile), and its callback learns how it
 // went.
 // A pipeline's exchange is bounded by the Locker's Timeout and runs under a
@@ -99,11 +101,11 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 		p.mu.Unlock()
 		if len(riders) == 0 {
 			p.send(ctx, []*call{c})
-			p.next()
+			p.next(true)
 			return c.cmd, c.err
 		}
-		p.carry(ctx, riders, c)
-		p.next()
+		// Riders that must go again have waited already: they go at once.
+		p.next(!p.carry(ctx, riders, c))
 		return c.cmd, c.err
 	}
 	c.done = make(chan struct{})
@@ -117,23 +119,22 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 	}
 }
 
-// defaultLinger is how long a write queued with later while nothing is out
-// waits for another command's exchange to ride with before it goes with the
-// writes queued meanwhile (at once when they fill a batch). While the hybrid
-// leases first, a copy rides the next request's lease; while it claims
-// first, no lease is taken and the copies go by themselves: 10ms sends
-// those of 3,200 first executions a second about 18 to a round trip, where
-// 1ms sent them 3 or 4 (BenchmarkLeaseCost, path=copy: less than half the
-// CPU per copy on each side). A copy that waits delays only another
+// defaultLinger is how long a write queued with later waits for another
+// command's exchange to ride with before it goes with the writes queued
+// meanwhile (at once when they fill a batch). While the hybrid leases
+// first, a copy rides the next request's lease; while it claims first, no
+// lease is taken and the copies go by themselves: 10ms sends those of 3,200
+// first executions a second about 33 to a round trip, where 1ms sent them 3
+// or 4 (BenchmarkLeaseCost, path=copy: half the CPU per copy on each side). A copy that waits delays only another
 // instance's replay of its key, which gets 409 and Retry-After meanwhile:
 // this Locker's own later commands go after it.
 const defaultLinger = 10 * time.Millisecond
 
 // later queues c without waiting for it: it goes out with the next exchange,
 // after every command queued before it and before every command queued
-// after it. When none is out, the next exchange is the next command's, or,
-// if none comes within linger (or a batch's worth of writes queue first),
-// one of the pipeline's own.
+// after it. That exchange is the next command's, or, if none comes within
+// linger (or a batch's worth of writes queue first), one of the pipeline's
+// own.
 func (p *pipeline) later(c *call) {
 	p.mu.Lock()
 	if p.closed {
@@ -172,49 +173,61 @@ func (p *pipeline) flush() {
 	}
 	p.busy = true
 	p.mu.Unlock()
-	p.drain(p.take())
+	p.drain(p.take(false))
 }
 
 // carry sends c with the writes that waited for an exchange (riders), in
 // one round trip under c's context, from c's caller's goroutine. Should that
 // context end first, the riders go again with the next exchange, ahead of
 // what was queued since: an exchange its caller left is not the writes'
-// failure, and sending a write twice writes the same value.
-func (p *pipeline) carry(ctx context.Context, riders []*call, c *call) {
+// failure, and sending a write twice writes the same value. carry reports
+// whether some go again.
+func (p *pipeline) carry(ctx context.Context, riders []*call, c *call) (again bool) {
 	live := p.live(riders)
 	p.send(ctx, append(live, c))
 	if ctx.Err() == nil {
 		for _, r := range live {
 			r.finish()
 		}
-		return
+		return false
 	}
-	again := live[:0]
+	resend := live[:0]
 	for _, r := range live {
 		if r.err == nil {
 			r.finish()
 			continue
 		}
 		r.cmd, r.err = nil, nil
-		again = append(again, r)
+		resend = append(resend, r)
 	}
 	p.mu.Lock()
-	p.pending = append(again, p.pending...)
+	p.pending = append(resend, p.pending...)
 	p.mu.Unlock()
+	return len(resend) > 0
 }
 
 // next ends an exchange: the commands that queued meanwhile go out from a
-// goroutine of their own, which keeps sending until nothing is queued.
-func (p *pipeline) next() {
-	if batch := p.take(); batch != nil {
+// goroutine of their own, which keeps sending until nothing is queued but
+// writes that may wait (see take; with linger false, those go too).
+func (p *pipeline) next(linger bool) {
+	if batch := p.take(linger); batch != nil {
 		go p.drain(batch)
 	}
 }
 
-// take returns the next batch, or nil and marks the pipeline idle.
-func (p *pipeline) take() []*call {
+// take returns the next batch, or nil and marks the pipeline idle. With
+// linger, writes of later that queued while an exchange was out, with no
+// caller waiting among them and fewer than a batch, are left to wait for
+// the next command's exchange or the linger, as if they had come while
+// nothing was out (but not after shutdown has begun).
+func (p *pipeline) take(linger bool) []*call {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if linger && len(p.pending) > 0 && len(p.pending) < maxBatch && !p.closed && !slices.ContainsFunc(p.pending, waited) {
+		p.busy = false
+		p.flushIn(p.linger)
+		return nil
+	}
 	if len(p.pending) == 0 {
 		p.busy = false
 		if p.idle != nil {
@@ -285,7 +298,7 @@ func (p *pipeline) live(batch []*call) []*call {
 }
 
 func (p *pipeline) drain(batch []*call) {
-	for ; batch != nil; batch = p.take() {
+	for ; batch != nil; batch = p.take(true) {
 		live := p.live(batch)
 		if len(live) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
@@ -297,6 +310,10 @@ func (p *pipeline) drain(batch []*call) {
 		}
 	}
 }
+
+// waited reports whether a caller waits for c (a command of do, not a
+// write of later).
+func waited(c *call) bool { return c.answered == nil }
 
 // finish hands c's result to whoever wants it.
 func (c *call) finish() {

@@ -514,6 +514,41 @@ func TestPipelineWritesGoWhenTheyFillABatch(t *testing.T) {
 	}
 }
 
+// Writes queued while an exchange is out, with no caller waiting among them,
+// do not go out when it returns: like writes queued while nothing is out,
+// they ride with the next command's exchange (or go after the linger).
+func TestPipelineWritesQueuedDuringAnExchangeWaitForTheNext(t *testing.T) {
+	for _, b := range pipelineBackends {
+		t.Run(b.name, func(t *testing.T) {
+			c, _ := b.client(t)
+			g := newGate()
+			c.AddHook(g)
+			var ex exchanges
+			c.AddHook(&ex)
+			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+			require.NoError(t, err)
+			l.pipe.linger = time.Hour // only a command sends them
+			ctx := context.Background()
+
+			first := make(chan error, 1)
+			go func() { first <- l.Delete(ctx, "u", "held") }()
+			<-g.held
+			answered := make(chan error, 1)
+			l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
+			close(g.release)
+			require.NoError(t, <-first)
+
+			require.Equal(t, 1, l.pipe.queued(), "the write still waits once the exchange is back")
+			require.Equal(t, []int{1}, ex.all(), "the delete went alone; nothing followed it")
+			_, state, err := l.Obtain(ctx, "u", "k", []byte("claiming"))
+			require.ErrorIs(t, err, ErrNotObtained, "the obtain went after the write it rode with")
+			require.Equal(t, []byte("copy"), state)
+			require.NoError(t, <-answered)
+			require.Equal(t, []int{1, 3}, ex.all(), "the write and the obtain's two commands, one exchange")
+		})
+	}
+}
+
 // A write riding with a caller whose context ends during the exchange is not
 // lost with it: it goes again with the next exchange.
 func TestPipelineRiderOutlivesItsCarrier(t *testing.T) {
