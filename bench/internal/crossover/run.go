@@ -194,22 +194,25 @@ func runDistance(ctx context.Context, cfg Config, d time.Duration, seq *atomic.I
 		"distance", "round", "retry", "strategy", "req/s", "p50", "p99", "pg st/r", "pg µs/r", "app µs/r", "rds µs/r", "px µs/r", "cores", "err")
 	for round := range cfg.Rounds {
 		// Cells of (share, callers): the 1-caller first executions, then
-		// the saturated shares; every other round in reverse.
+		// the saturated shares; every other round in reverse. Which
+		// strategy goes first alternates from round to round for each
+		// cell, and from cell to cell within a round.
 		type run struct {
 			share   float64
 			callers int
 			lone    bool
+			index   int // in the first round's order
 		}
-		runs := []run{{0, 1, true}}
-		for _, s := range cfg.Shares {
-			runs = append(runs, run{s, cfg.Callers, false})
+		runs := []run{{0, 1, true, 0}}
+		for i, s := range cfg.Shares {
+			runs = append(runs, run{s, cfg.Callers, false, i + 1})
 		}
 		if round%2 == 1 {
 			slices.Reverse(runs)
 		}
-		for i, r := range runs {
+		for _, r := range runs {
 			order := []string{target.Table, target.Hybrid}
-			if (round+i)%2 == 1 {
+			if (round+r.index)%2 == 1 {
 				order = []string{target.Hybrid, target.Table}
 			}
 			for _, s := range order {
@@ -258,7 +261,7 @@ func measureRTT(ctx context.Context, env *target.Env) (time.Duration, error) {
 func cell(ctx context.Context, cfg Config, env *target.Env, meter *fleet.Meter, proxy *delayproxy.Process,
 	t *target.Guard, share float64, callers int, d time.Duration, seq *atomic.Int64) (Cell, error) {
 	var c Cell
-	if err := env.Truncate(ctx, target.GuardTable); err != nil {
+	if err := env.Reset(ctx, target.GuardTable); err != nil {
 		return c, err
 	}
 	recent := make([]int64, max(cfg.Recent, 1))

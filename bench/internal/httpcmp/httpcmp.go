@@ -144,7 +144,7 @@ type config struct {
 	rounds           int
 	run              time.Duration
 	replayKeys       int
-	settle           int // requests of a run's scenario before it is measured
+	settle           int      // requests of a run's scenario before it is measured
 	impls            []string // what runs, Before last when there is a baseline
 	scenarios        []string
 	baseline         string
@@ -375,7 +375,7 @@ type counts struct {
 	firstErr                 string
 }
 
-// runOne truncates impl's table and, for replays, answers replayKeys keys
+// runOne resets impl's table (target.Env.Reset) and, for replays, answers replayKeys keys
 // first; then runs conc callers closed loop for settle requests (see
 // cli.SettleFlag), and measures them for d.
 func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.Fleet, impl, scenario string, conc int, d time.Duration,
@@ -385,7 +385,7 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 	if impl == Minimal {
 		table = target.MinimalTable
 	}
-	if err := env.Truncate(ctx, table); err != nil {
+	if err := env.Reset(ctx, table); err != nil {
 		return r, err
 	}
 	key := func(k int64) (string, string) {
