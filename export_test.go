@@ -7,7 +7,7 @@ import "github.com/idemguard/idem/internal/rare"
 func SetMaxWaiters(g *Guard, n int64) { g.maxWaiters = n }
 
 // SetLeaseModes changes the hybrid's lease-mode window and thresholds
-// (rare.Size, rare.Enter, rare.Leave), for a test of the switch.
+// (leaseWindow, leaseEnter, leaseLeave), for a test of the switch.
 func SetLeaseModes(g *Guard, window, enter, leave int64) {
 	g.mode = rare.New(window, enter, leave)
 }

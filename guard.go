@@ -246,7 +246,7 @@ func New(store Store, cfg *Config) (*Guard, error) {
 		waiter:       c.Waiter,
 		wait:         c.Wait,
 		maxWaiters:   maxWaiters,
-		mode:         rare.New(rare.Size, rare.Enter, rare.Leave),
+		mode:         rare.New(leaseWindow, leaseEnter, leaseLeave),
 	}
 	hold := g.MaxHold()
 	if g.retention <= hold {

@@ -1,5 +1,7 @@
 package idem
 
+import "github.com/idemguard/idem/internal/rare"
+
 // The hybrid's lease modes: from the share of duplicates it has seen lately
 // (g.mode, a rare.Window), the hybrid chooses how a request uses the lease.
 //
@@ -20,6 +22,20 @@ package idem
 //
 // A duplicate is a request answered with a replay, 409 or 422 (whoever
 // answered it); a first execution is one that ran. A Guard starts leasing
-// first, claims first from the end of a window of rare.Size such requests
-// with at most rare.Enter duplicates, and leases first again at the
-// rare.Leave-th duplicate of a window claiming first.
+// first, claims first from the end of a window of leaseWindow such requests
+// with at most leaseEnter duplicates, and leases first again at the
+// leaseLeave-th duplicate of a window claiming first.
+
+// The lease modes' window and thresholds: 10% and 20% of 512 requests. The
+// lease takes a duplicate's read off PostgreSQL (about 30 µs of its CPU) and
+// costs each first execution a Redis round trip (about 40 µs of the
+// process's and Redis's CPU), so below a tenth of duplicates it saves
+// PostgreSQL next to nothing, and where they share cores it costs
+// throughput: the crossover measured the hybrid leasing first at 5% and 20%
+// retries at 0.83 and 0.89 of the table (docs/capacity.md). A storm still
+// switches within 102 duplicates.
+const (
+	leaseWindow = rare.Size
+	leaseEnter  = rare.Size / 10
+	leaseLeave  = rare.Size / 5
+)
