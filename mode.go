@@ -28,12 +28,11 @@ import "github.com/idemguard/idem/internal/rare"
 
 // The lease modes' window and thresholds: 10% and 20% of 512 requests. The
 // lease takes a duplicate's read off PostgreSQL (about 30 µs of its CPU) and
-// costs each first execution a Redis round trip (about 40 µs of the
+// costs each first execution a Redis round trip (about 35 µs of the
 // process's and Redis's CPU), so below a tenth of duplicates it saves
 // PostgreSQL next to nothing, and where they share cores it costs
-// throughput: the crossover measured the hybrid leasing first at 5% and 20%
-// retries at 0.83 and 0.89 of the table (docs/capacity.md). A storm still
-// switches within 102 duplicates.
+// throughput until about half the requests are duplicates
+// (docs/capacity.md). A storm still switches within 102 duplicates.
 const (
 	leaseWindow = rare.Size
 	leaseEnter  = rare.Size / 10
