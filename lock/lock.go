@@ -287,10 +287,9 @@ func parseValue(v string) (state []byte, ttl time.Duration) {
 //
 // Set does not wait for Redis: the write goes out with the Locker's next
 // exchange (the next call's or, when no call comes within 10ms, one of its
-// own with the writes queued meanwhile), and every call
-// made through the Locker after Set returns reaches Redis after it. The ttl
-// counts from the call: a write still queued when it has run out is
-// dropped. answered, when not nil, is called once with the write's error
+// own with the writes queued meanwhile), and every call made through the
+// Locker after Set returns reaches Redis after it. The ttl counts from the
+// call: a write still queued when it has run out is dropped. answered, when not nil, is called once with the write's error
 // (nil when it was written or dropped), from a goroutine of the Locker's or
 // of the caller whose exchange it rode with, or, for a ttl below 1ms and
 // after Shutdown, before Set returns; it must not block. The write is

@@ -22,10 +22,10 @@ const maxBatch = 256
 // arrive while an exchange is out queue, and go together as one pipeline
 // when it returns (unless they are only writes of later, which wait on), in
 // the order they arrived, as a database groups the commits that queue
-// behind a flush. Under load this is most of what the
-// lease costs: one round trip's system calls and wake-ups on both sides
-// serve many commands, so that the hybrid's lease is cheap beside the
-// PostgreSQL statement it saves.
+// behind a flush. Under load this is most of what the lease costs: one
+// round trip's system calls and wake-ups on both sides serve many commands,
+// so that the hybrid's lease is cheap beside the PostgreSQL statement it
+// saves.
 //
 // Each caller waits for its own command at most until its context ends; a
 // command whose caller has gone by the time its batch is sent is not sent.
@@ -125,9 +125,10 @@ func (p *pipeline) do(ctx context.Context, n int, queue func(context.Context, re
 // first, a copy rides the next request's lease; while it claims first, no
 // lease is taken and the copies go by themselves: 10ms sends those of 3,200
 // first executions a second about 33 to a round trip, where 1ms sent them 3
-// or 4 (BenchmarkLeaseCost, path=copy: half the CPU per copy on each side). A copy that waits delays only another
-// instance's replay of its key, which gets 409 and Retry-After meanwhile:
-// this Locker's own later commands go after it.
+// or 4 (BenchmarkLeaseCost, path=copy: half the CPU per copy on each side).
+// A copy that waits delays only another instance's replay of its key, which
+// gets 409 and Retry-After meanwhile: this Locker's own later commands go
+// after it.
 const defaultLinger = 10 * time.Millisecond
 
 // later queues c without waiting for it: it goes out with the next exchange,

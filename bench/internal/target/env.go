@@ -144,11 +144,11 @@ const SeedRows = 20_000
 // run starts from the same state, then fills it with SeedRows answered keys
 // of other callers and ANALYZEs it, as a table in service is: its planner
 // statistics then say what a day's keys make of it. An empty table has no
-// statistics, and the plans prepared statements settle on while it is still
-// nearly empty (after their fifth execution) read it sequentially, which
-// costs more with every key a run adds: runs of the same build varied
-// twofold in PostgreSQL's CPU per request, by when each connection's plans
-// were made.
+// statistics, and the plans prepared statements keep from while it was
+// nearly empty (after their fifth execution) are not a table in service's:
+// the shared insert before 01ab2b1 read such a table whole, and runs of one
+// build varied twofold in PostgreSQL's CPU per request, by when each
+// connection's plans were made.
 func (e *Env) Reset(ctx context.Context, table string) error {
 	t := pgx.Identifier{e.Schema, table}.Sanitize()
 	seed := `
