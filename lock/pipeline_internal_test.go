@@ -445,6 +445,19 @@ func (e *exchanges) all() []int {
 	return append([]int(nil), e.sizes...)
 }
 
+// lingeringLocker returns a Locker over c whose writes wait for a command's
+// exchange to ride with (its linger is an hour), and the exchanges c makes
+// from then on.
+func lingeringLocker(t *testing.T, c *redis.Client) (*Locker, *exchanges) {
+	t.Helper()
+	l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	l.pipe.linger = time.Hour
+	ex := &exchanges{}
+	c.AddHook(ex)
+	return l, ex
+}
+
 // A write queued while nothing is out rides with the next command's
 // exchange, sent from that caller's goroutine ahead of its command; with no
 // command within the linger, it goes alone.
@@ -452,12 +465,8 @@ func TestPipelineSetRidesWithTheNextExchange(t *testing.T) {
 	for _, b := range pipelineBackends {
 		t.Run(b.name, func(t *testing.T) {
 			c, _ := b.client(t)
-			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
-			require.NoError(t, err)
-			l.pipe.linger = time.Hour // the test's next command always comes first
+			l, ex := lingeringLocker(t, c) // the test's next command always comes first
 			ctx := context.Background()
-			var ex exchanges
-			c.AddHook(&ex)
 
 			answered := make(chan error, 2)
 			l.Set("u", "k", []byte("copy"), time.Minute, func(err error) { answered <- err })
@@ -486,11 +495,7 @@ func TestPipelineWritesGoWhenTheyFillABatch(t *testing.T) {
 	for _, b := range pipelineBackends {
 		t.Run(b.name, func(t *testing.T) {
 			c, _ := b.client(t)
-			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
-			require.NoError(t, err)
-			l.pipe.linger = time.Hour // only a full batch sends them
-			var ex exchanges
-			c.AddHook(&ex)
+			l, ex := lingeringLocker(t, c) // only a full batch sends them
 
 			answered := make(chan error, maxBatch)
 			for i := range maxBatch - 1 {
@@ -523,11 +528,7 @@ func TestPipelineWritesQueuedDuringAnExchangeWaitForTheNext(t *testing.T) {
 			c, _ := b.client(t)
 			g := newGate()
 			c.AddHook(g)
-			var ex exchanges
-			c.AddHook(&ex)
-			l, err := New(c, &Config{Prefix: testredis.Prefix(t, c), Timeout: 5 * time.Second})
-			require.NoError(t, err)
-			l.pipe.linger = time.Hour // only a command sends them
+			l, ex := lingeringLocker(t, c) // only a command sends them
 			ctx := context.Background()
 
 			first := make(chan error, 1)
