@@ -113,18 +113,16 @@ func (r Run) TotalMicrosPerRequest() float64 {
 	return r.perRequest(r.WorkerCPU + r.PostgresCPU + r.RedisCPU + r.DriverCPU)
 }
 
-func (r Run) perRequest(secs float64) float64 {
-	if n := r.Requests - r.Errors; n > 0 {
-		return secs * 1e6 / float64(n)
-	}
-	return 0
-}
+func (r Run) perRequest(secs float64) float64 { return r.perAnswer(secs * 1e6) }
 
 // CommitsPerRequest is transactions committed (statements, outside a
 // caller's own transaction) per answered request.
-func (r Run) CommitsPerRequest() float64 {
+func (r Run) CommitsPerRequest() float64 { return r.perAnswer(float64(r.Commits)) }
+
+// perAnswer is x per answered request.
+func (r Run) perAnswer(x float64) float64 {
 	if n := r.Requests - r.Errors; n > 0 {
-		return float64(r.Commits) / float64(n)
+		return x / float64(n)
 	}
 	return 0
 }
@@ -331,10 +329,10 @@ func sweep(ctx context.Context, cfg config) ([]Run, error) {
 	return runs, nil
 }
 
-// settledWALSyncs makes the worker's connections publish their statistics
+// settledCounts makes the worker's connections publish their statistics
 // (POST /stats), gives the WAL writer one cycle (wal_writer_delay, 200ms by
-// default) to publish its own, and reads the server's WAL flush count.
-func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (pgCounts, error) {
+// default) to publish its own, and reads the server's counters.
+func settledCounts(ctx context.Context, env *target.Env, f *fleet.Fleet) (pgCounts, error) {
 	if err := f.FlushStats(ctx); err != nil {
 		return pgCounts{}, err
 	}
@@ -349,7 +347,7 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (pgCo
 		_, _ = conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
 		conn.Release()
 	}
-	return walSyncs(ctx, env)
+	return serverCounts(ctx, env)
 }
 
 // allImpls are what a run may compare: the minimal SQL, this build's guard
@@ -358,10 +356,11 @@ func settledWALSyncs(ctx context.Context, env *target.Env, f *fleet.Fleet) (pgCo
 // Before.
 var allImpls = []string{Minimal, Guard, GuardUnshared, GuardAsync}
 
-// pgCounts are the server's counters a run reads before and after.
+// pgCounts are the server's counters a run reads before and after: WAL
+// flushes (server-wide) and commits (the bench's database).
 type pgCounts struct{ walSyncs, commits int64 }
 
-func walSyncs(ctx context.Context, env *target.Env) (pgCounts, error) {
+func serverCounts(ctx context.Context, env *target.Env) (pgCounts, error) {
 	var c pgCounts
 	err := env.Pool.QueryRow(ctx, `SELECT (SELECT wal_sync FROM pg_stat_wal),
 	(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())`).Scan(&c.walSyncs, &c.commits)
@@ -466,7 +465,7 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 	}
 	var warm counts
 	drive(&warm, func() bool { return warm.requests.Load() >= int64(settle) })
-	w0, err := settledWALSyncs(ctx, env, f)
+	w0, err := settledCounts(ctx, env, f)
 	if err != nil {
 		return r, err
 	}
@@ -479,7 +478,7 @@ func runOne(ctx context.Context, env *target.Env, meter *fleet.Meter, f *fleet.F
 	u := fleet.Between(cpu0, meter.Read(ctx, f))
 	secs := r.Elapsed.Seconds()
 	r.WorkerCPU, r.PostgresCPU, r.RedisCPU, r.DriverCPU = u.Workers*secs, u.Postgres*secs, u.Redis*secs, u.Driver*secs
-	w1, err := settledWALSyncs(ctx, env, f)
+	w1, err := settledCounts(ctx, env, f)
 	if err != nil {
 		return r, err
 	}
