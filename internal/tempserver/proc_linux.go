@@ -54,29 +54,58 @@ func childAttr(u *account) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid}}
 }
 
-// killGroup sends SIGKILL to every process of the process group pgid at
-// once and waits until none of them runs any more. A zombie (killed, not yet
-// reaped: a postmaster's orphans are reparented to PID 1, which may never
-// reap them) no longer runs, so it does not count.
-func killGroup(pgid int) error {
-	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("kill process group %d: %w", pgid, err)
+// killTree sends SIGKILL to the process pid (a postmaster) and to every
+// process it started, and waits until none of them runs any more. They are
+// found by their parent, not by a process group: each child of a postmaster
+// leads a session of its own (setsid), so the postmaster's group holds it
+// alone, and killing that group left its backends serving for a moment (a
+// statement sent right after the kill could still commit). The postmaster
+// is stopped first, so that it starts no child between the listing and the
+// kill. A zombie (killed, not yet reaped: a postmaster's orphans are
+// reparented to PID 1, which may never reap them) no longer runs, so it does
+// not count.
+func killTree(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("stop process %d: %w", pid, err)
+	}
+	tree := []int{pid}
+	for p, st := range processes() {
+		if st.ppid == pid {
+			tree = append(tree, p)
+		}
+	}
+	for _, p := range tree {
+		_ = syscall.Kill(p, syscall.SIGKILL) // one that exited meanwhile is gone already
 	}
 	return waitFor(10*time.Second, func() error {
-		if n := groupRunning(pgid); n > 0 {
-			return fmt.Errorf("%d processes of group %d still run", n, pgid)
+		all := processes()
+		n := 0
+		for _, p := range tree {
+			if st, ok := all[p]; ok && st.running {
+				n++
+			}
+		}
+		if n > 0 {
+			return fmt.Errorf("%d of the %d processes of postmaster %d still run", n, len(tree), pid)
 		}
 		return nil
 	})
 }
 
-// groupRunning counts the processes of group pgid that are not zombies, from
-// /proc/<pid>/stat (field 3 is the state, field 5 the process group).
-func groupRunning(pgid int) int {
+// procStat is what killTree reads of a process.
+type procStat struct {
+	ppid    int
+	running bool // neither a zombie nor dead
+}
+
+// processes reads every process's parent and state from /proc/<pid>/stat
+// (field 3 is the state, field 4 the parent).
+func processes() map[int]procStat {
 	entries, _ := os.ReadDir("/proc")
-	n := 0
+	out := make(map[int]procStat, len(entries))
 	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
@@ -89,12 +118,11 @@ func groupRunning(pgid int) int {
 			continue
 		}
 		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+		if len(f) < 2 {
 			continue
 		}
-		if g, _ := strconv.Atoi(f[2]); g == pgid {
-			n++
-		}
+		ppid, _ := strconv.Atoi(f[1])
+		out[pid] = procStat{ppid: ppid, running: f[0] != "Z" && f[0] != "X"}
 	}
-	return n
+	return out
 }

@@ -21,4 +21,6 @@ func (u *account) own(string) error { return nil }
 
 func childAttr(*account) *syscall.SysProcAttr { return nil }
 
-func killGroup(int) error { return errors.New("killing a process group is only supported on Linux") }
+func killTree(int) error {
+	return errors.New("killing a postmaster and its processes is only supported on Linux")
+}

@@ -110,10 +110,10 @@ func (p *Postgres) Promote() error {
 // Kill ends the server as a crash of its host would, with no chance to
 // write or send anything more: SIGKILL to the postmaster and every one of
 // its processes (backends, WAL senders, the WAL writer) at once, and waits
-// until none of them runs. pg_ctl starts the postmaster in a session of its
-// own, so its process group is all of them. Stop("immediate") differs: it
-// asks (SIGQUIT), and the postmaster ends its children. Killing a stopped
-// server does nothing. Kill needs Linux.
+// until none of them runs, so that no statement sent after Kill returns is
+// served. Stop("immediate") differs: it asks (SIGQUIT), and the postmaster
+// ends its children. Killing a stopped server does nothing. Kill needs
+// Linux.
 func (p *Postgres) Kill() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -129,7 +129,7 @@ func (p *Postgres) Kill() error {
 	if err != nil || pid <= 1 {
 		return fmt.Errorf("tempserver: postmaster.pid starts with %q", first)
 	}
-	if err := killGroup(pid); err != nil {
+	if err := killTree(pid); err != nil {
 		return fmt.Errorf("tempserver: %w", err)
 	}
 	p.online = false
